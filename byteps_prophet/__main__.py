@@ -1,0 +1,5 @@
+import sys
+
+from byteps_prophet.cli import main
+
+sys.exit(main())

@@ -1,0 +1,56 @@
+"""The one entry point: ``byteps-prophet <command> ...``.
+
+Each room of the package that offers a command has a ``cli.py`` with ``register(subparsers)``; the
+parser it adds sets ``func(args) -> int``. Errors a user can fix (``UserError``) are printed as one
+line and exit with status 2, like argparse's own usage errors.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from byteps_prophet import __version__
+from byteps_prophet.errors import UserError
+
+# Rooms whose cli.py registers a subcommand. A room that is missing (not built yet) is skipped.
+COMMAND_MODULES = (
+    "byteps_prophet.sim.cli",
+    "byteps_prophet.cluster.cli",
+    "byteps_prophet.ab.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="byteps-prophet",
+        description="Predictable communication scheduling (Prophet, ByteScheduler, FIFO) for BytePS.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name == module_name:
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as err:
+        print(f"byteps-prophet {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"byteps-prophet {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
