@@ -1,0 +1,168 @@
+"""Prophet (ICPP'21): predictable communication scheduling, as ALGORITHMS.md sections 3 and 3b state it.
+
+Prophet is ByteScheduler with the credit partitioning replaced by block assignment. It profiles the
+stepwise ready pattern (``ReadyProfiler``) and measures bandwidth continuously (the base class's
+``BandwidthMonitor``); until both are known, and whenever they are not, it behaves exactly like
+ByteScheduler, so it never stalls for lack of a prediction.
+
+Two modes:
+
+``paper``  Section 3 exactly: collect a block, grant it ``gap x bandwidth`` bytes, release the most
+           urgent pending partitions while the next one fits, stop at the first that does not; the
+           last block (the one holding gradient 0) goes under ByteScheduler's credit.
+``default`` The same prediction, work-conserving: whenever fewer bytes are in flight than keep the link
+           busy, send the most urgent pending bytes, cut to finish just before the next predicted
+           (more urgent) arrival, never below a floor that bounds per-message cost nor above a cap;
+           after the last arrival, the rest most-urgent-first in chunks that balance per-message cost
+           against the pull that trails the last push.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from byteps_prophet.core.bytescheduler import ByteScheduler
+from byteps_prophet.core.profiler import ReadyProfiler, StepProfile
+from byteps_prophet.core.task import Task
+
+MIN_FLOOR_BYTES = 64 * 1024
+FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
+PACE_LIMITS = (0.5, 2.0)
+
+
+class Prophet(ByteScheduler):
+    name = "prophet"
+
+    def __init__(self, settings, clock, transport, on_done=None) -> None:
+        super().__init__(settings.replace(credit_tuning=False), clock, transport, on_done)
+        self.mode = settings.prophet_mode
+        self.profiler = ReadyProfiler(settings.profile_iterations, settings.boundary_factor, settings.drift_tolerance)
+        self._serializations = max(1, getattr(transport, "serializations", 1))
+        self._plan: StepProfile | None = None
+        self._order: list[int] = []  # the plan's gradients by predicted ready offset
+        self._iteration: int | None = None
+        self._first_ready = 0.0
+        self._arrived: set[int] = set()
+        self._upcoming = 0  # position in _order of the next gradient not yet arrived
+        self._pace = 1.0  # observed / predicted progress through this iteration's backward pass
+        self._next_block = 0  # first block not completely collected
+        self._in_last_block = False
+        self._releases: deque[int] = deque()  # collected blocks whose budget is still to be granted
+
+    # -- events --------------------------------------------------------------------------------------
+    def _on_ready(self, task: Task) -> None:
+        now = self.clock.now()
+        if task.iteration != self._iteration:
+            self._begin_iteration(task.iteration, now)
+        self.profiler.record(task.iteration, task.index, now)
+        self._arrived.add(task.index)
+        for piece in task.partition(self.settings.partition):
+            self._enqueue(piece)
+        if self._plan is not None:
+            self._follow_arrival(task.index, now)
+
+    def _on_end_of_backward(self, iteration: int) -> None:
+        if iteration != self._iteration:
+            return
+        self.profiler.close()
+        if self._plan is not None:
+            self._collect_blocks(until=len(self._plan.blocks))
+
+    def _begin_iteration(self, iteration: int, now: float) -> None:
+        self.profiler.close()
+        self._iteration, self._first_ready = iteration, now
+        self._arrived = set()
+        self._plan = self.profiler.profile if self.bandwidth.known else None
+        if self._plan is not None:
+            offsets = self._plan.offsets
+            self._order = sorted(offsets, key=lambda i: (offsets[i], -i))
+        self._upcoming = 0
+        self._pace = 1.0
+        self._next_block = 0
+        self._in_last_block = False
+        self._releases.clear()
+
+    def _follow_arrival(self, index: int, now: float) -> None:
+        plan = self._plan
+        predicted = plan.offsets.get(index)
+        if predicted is not None and predicted > 0.1 * plan.span:
+            self._pace = min(max((now - self._first_ready) / predicted, PACE_LIMITS[0]), PACE_LIMITS[1])
+        while self._upcoming < len(self._order) and self._order[self._upcoming] in self._arrived:
+            self._upcoming += 1
+        self._collect_blocks(until=plan.block_for(index))
+
+    def _collect_blocks(self, until: int) -> None:
+        """Blocks before ``until`` are complete (a later one has started); so is any fully arrived."""
+        blocks = self._plan.blocks
+        while self._next_block < len(blocks):
+            block = blocks[self._next_block]
+            if self._next_block >= until and not all(i in self._arrived for i in block.indices):
+                return
+            if block.gap_after is None:
+                self._in_last_block = True
+            else:
+                self._releases.append(self._next_block)
+            self._next_block += 1
+        self._in_last_block = True
+
+    # -- decisions -----------------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        if self._plan is None:
+            self._dispatch_under_credit()
+        elif self.mode == "paper":
+            self._dispatch_paper()
+        else:
+            self._dispatch_work_conserving()
+
+    def _dispatch_paper(self) -> None:
+        bandwidth = self.bandwidth.bytes_per_s
+        while self._releases:
+            budget = self._plan.blocks[self._releases.popleft()].gap_after * bandwidth
+            while self._queue and self._peek().nbytes <= budget:
+                piece = self._pop()
+                budget -= piece.nbytes
+                self._send(piece)
+        if self._in_last_block:
+            self._dispatch_under_credit()
+
+    def _dispatch_work_conserving(self) -> None:
+        self._releases.clear()  # blocks only pace the paper mode
+        bandwidth = self.bandwidth.bytes_per_s
+        latency = self.bandwidth.base_latency
+        floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * latency)
+        cap = max(self.settings.max_chunk_bytes or self.settings.partition * 4, floor)
+        while self._queue:
+            chunk = self._chunk_bytes(bandwidth, latency, floor, cap)
+            if self.in_flight_count and self.in_flight_bytes >= self._serializations * chunk:
+                return  # enough in flight to keep the link busy until the next completion
+            self._send(self._cut(self._pop(), chunk))
+
+    def _chunk_bytes(self, bandwidth: float, latency: float, floor: float, cap: float) -> float:
+        now = self.clock.now()
+        link_free = now + self.in_flight_bytes / (self._serializations * bandwidth)
+        next_ready = self._predicted_next_ready()
+        if next_ready is not None:
+            target = bandwidth * (next_ready - link_free)  # finish just before the next arrival
+        else:
+            # After the last arrival: balance per-message cost against the trailing pull.
+            target = math.sqrt(self.pending_bytes * bandwidth * latency)
+        return min(max(target, floor), cap)
+
+    def _predicted_next_ready(self) -> float | None:
+        if self._upcoming >= len(self._order):
+            return None
+        offset = self._plan.offsets[self._order[self._upcoming]]
+        return self._first_ready + self._pace * offset
+
+    def _cut(self, piece: Task, nbytes: float) -> Task:
+        """The first rows of ``piece`` that fit ``nbytes``; the rest goes back to the queue."""
+        row_bytes = piece.row_numel * piece.itemsize
+        rows = max(1, int(nbytes // row_bytes))
+        if rows >= piece.rows or piece.nbytes <= 1.25 * nbytes:
+            return piece
+        self._enqueue(piece.slice(piece.row_start + rows, piece.row_end, part=piece.part))
+        return piece.slice(piece.row_start, piece.row_start + rows, part=piece.part)
+
+    def _send(self, piece: Task) -> None:
+        self.credit -= piece.numel  # the credit stays accounted, for the paper mode's last block
+        self._start(piece)

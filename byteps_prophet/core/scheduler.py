@@ -1,0 +1,129 @@
+"""The scheduler contract, and FIFO (what frameworks do by default).
+
+A scheduler is an event-driven state machine. Plugins and the simulator call it with three events:
+
+* ``post(task)``: a whole gradient is ready (the timing probe fired);
+* ``finished(slice)``: the backend finished synchronising a slice the scheduler started;
+* ``end_of_backward(iteration)``: the backward pass is over, no more gradients this iteration.
+
+It answers by calling ``transport.send(slice)`` for each slice it starts, and ``on_done(task)`` when
+every row of a gradient is synchronised (so the parameter can be updated). It owns no thread and
+reads time only from its injected clock; callers serialise calls (one lock in the plugins, one
+event loop in the simulator). ``transport.send`` may call ``finished`` before returning.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from byteps_prophet.core.bandwidth import BandwidthMonitor
+from byteps_prophet.core.clock import Clock
+from byteps_prophet.core.settings import Settings
+from byteps_prophet.core.task import State, Task
+
+
+class Transport(Protocol):
+    serializations: int  # how often each byte crosses the bottleneck link: 2 for push+pull, 1 all-reduce
+
+    def send(self, task: Task) -> None:
+        """Start synchronising ``task``; report completion with ``scheduler.finished(task)``."""
+
+
+class Scheduler:
+    name = "fifo"
+
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        transport: Transport,
+        on_done: Callable[[Task], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.transport = transport
+        self.on_done = on_done or (lambda task: None)
+        self.bandwidth = BandwidthMonitor(serializations=getattr(transport, "serializations", 1))
+        self.in_flight_bytes = 0
+        self.in_flight_count = 0
+        self._dispatching = False
+        self._dispatch_again = False
+
+    # -- events -------------------------------------------------------------------------------------
+    def post(self, task: Task) -> None:
+        if task.parent is not None or task.state is not State.POSTED:
+            raise ValueError(f"post() takes a whole gradient once, got {task!r}")
+        task.state = State.READY
+        task.ready_time = self.clock.now()
+        self._on_ready(task)
+        self._kick()
+
+    def finished(self, piece: Task) -> None:
+        now = self.clock.now()
+        if piece.state is not State.STARTED:
+            raise ValueError(f"finished() for a slice that was not started: {piece!r}")
+        piece.state = State.FINISHED
+        piece.finish_time = now
+        self.bandwidth.on_finish(piece, now)
+        self.in_flight_bytes -= piece.nbytes
+        self.in_flight_count -= 1
+        self._on_finished(piece)
+        root = piece.root
+        root.rows_done += piece.rows
+        if root.rows_done > root.shape[0]:
+            raise RuntimeError(f"{root.name}: rows synchronised twice in iteration {root.iteration}")
+        if root.rows_done == root.shape[0]:
+            root.state = State.FINISHED
+            root.finish_time = now
+            self.on_done(root)
+        self._kick()
+
+    def end_of_backward(self, iteration: int) -> None:
+        self._on_end_of_backward(iteration)
+        self._kick()
+
+    # -- what subclasses change ---------------------------------------------------------------------
+    def _on_ready(self, task: Task) -> None:
+        self._start(task.slice(0, task.shape[0]))
+
+    def _on_finished(self, piece: Task) -> None:
+        pass
+
+    def _on_end_of_backward(self, iteration: int) -> None:
+        pass
+
+    def _dispatch(self) -> None:
+        pass
+
+    # -- shared machinery -----------------------------------------------------------------------------
+    def _start(self, piece: Task) -> None:
+        now = self.clock.now()
+        piece.state = State.STARTED
+        piece.start_time = now
+        root = piece.root
+        if root.state is State.READY:
+            root.state = State.STARTED
+            root.start_time = now
+        self.in_flight_bytes += piece.nbytes
+        self.in_flight_count += 1
+        self.bandwidth.on_send(piece, now)
+        self.transport.send(piece)
+
+    def _kick(self) -> None:
+        """Run the dispatcher until it settles; re-entrant calls (a synchronous transport) fold in."""
+        if self._dispatching:
+            self._dispatch_again = True
+            return
+        self._dispatching = True
+        try:
+            self._dispatch_again = True
+            while self._dispatch_again:
+                self._dispatch_again = False
+                self._dispatch()
+        finally:
+            self._dispatching = False
+
+
+class FIFOScheduler(Scheduler):
+    """Each gradient sent whole as soon as it is ready: no partitioning, no limit in flight."""
+
+    name = "fifo"

@@ -1,0 +1,217 @@
+"""Discrete-event simulation of synchronous data-parallel training, driving the real core schedulers.
+
+One representative worker (see ``network``) runs forward layer by layer, each layer's forward waiting
+only for its own parameters from the previous iteration (layer-wise overlap), then backward, posting
+each gradient to the scheduler the moment it is produced. The scheduler object is the same class that
+runs in real training; it sees simulated time through its clock and the network through ``send``.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from byteps_prophet.core import Settings, Task, make_scheduler
+from byteps_prophet.errors import UserError
+from byteps_prophet.sim.network import ARCHITECTURES, Conditions, ParameterServerNetwork, RingAllReduceNetwork
+
+DEFAULT_OVERHEAD = 50e-6  # per message per link: the "0.05 ms per message" of the simple model
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One parameter tensor and the compute that produces its gradient."""
+    name: str
+    shape: tuple[int, ...]
+    fwd_s: float
+    bwd_s: float
+    itemsize: int = 4
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    workers: int = 8
+    servers: int | None = None  # None: as many servers as workers
+    arch: str = "ps"
+    bandwidth: float = 10e9 / 8  # bytes/s per link and direction
+    overhead: float = DEFAULT_OVERHEAD
+    latency: float = 0.0
+    bandwidth_steps: tuple[tuple[float, float], ...] = ()  # (time s, bytes/s)
+    compute_steps: tuple[tuple[float, float], ...] = ()  # (time s, compute time factor)
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES:
+            raise UserError(f"architecture {self.arch!r} is unknown; valid: {', '.join(ARCHITECTURES)}")
+        if self.workers < 1:
+            raise UserError(f"workers={self.workers} is invalid; valid: an integer >= 1")
+        if self.servers is not None and self.servers < 1:
+            raise UserError(f"servers={self.servers} is invalid; valid: an integer >= 1")
+        if self.bandwidth <= 0:
+            raise UserError(f"bandwidth={self.bandwidth} is invalid; valid: a positive rate")
+
+
+@dataclass
+class SpanLog:
+    """What happened to each gradient in one traced iteration (for Chrome traces)."""
+    iteration: int
+    ready: dict[int, float] = field(default_factory=dict)
+    pieces: list[tuple[int, str, float, float]] = field(default_factory=list)  # (index, key, start, finish)
+    done: dict[int, float] = field(default_factory=dict)
+    compute: list[tuple[str, float, float]] = field(default_factory=list)
+
+
+@dataclass
+class SimResult:
+    iteration_starts: list[float]
+    warmup: int
+    sent: list[Task]
+    trace: SpanLog | None
+
+    @property
+    def iteration_times(self) -> list[float]:
+        s = self.iteration_starts
+        return [b - a for a, b in zip(s, s[1:])]
+
+    @property
+    def iter_s(self) -> float:
+        """Mean steady-state iteration time (after ``warmup`` iterations)."""
+        starts = self.iteration_starts[self.warmup:]
+        if len(starts) < 2:
+            starts = self.iteration_starts
+        return (starts[-1] - starts[0]) / (len(starts) - 1)
+
+    @property
+    def total_s(self) -> float:
+        return self.iteration_starts[-1] - self.iteration_starts[0]
+
+
+class _EventLoop:
+    def __init__(self) -> None:
+        self._heap: list = []
+        self._seq = itertools.count()
+        self.time = 0.0
+
+    def now(self) -> float:
+        return self.time
+
+    def at(self, when: float, callback: Callable, arg=None) -> None:
+        heapq.heappush(self._heap, (when, next(self._seq), callback, arg))
+
+    def run(self) -> None:
+        heap = self._heap
+        while heap:
+            self.time, _, callback, arg = heapq.heappop(heap)
+            callback(arg)
+
+
+class Simulation:
+    def __init__(self, layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings,
+                 iterations: int = 30, warmup: int = 10, trace_iteration: int | None = None) -> None:
+        if not layers:
+            raise UserError("the model has no parameter tensors")
+        self.layers = list(layers)
+        self.cluster = cluster
+        self.iterations = iterations
+        self.warmup = min(warmup, max(0, iterations - 2))
+        self.loop = _EventLoop()
+        self.conditions = Conditions(cluster.bandwidth, cluster.bandwidth_steps, cluster.compute_steps)
+        if cluster.arch == "ps":
+            self.network = ParameterServerNetwork(cluster.workers, cluster.servers or cluster.workers,
+                                                  self.conditions, cluster.overhead, cluster.latency,
+                                                  self.loop.at, self.loop.now)
+        else:
+            self.network = RingAllReduceNetwork(cluster.workers, self.conditions, cluster.overhead,
+                                                cluster.latency, self.loop.at, self.loop.now)
+        self.scheduler = make_scheduler(settings, self.loop, self.network, self._on_synced)
+        self.network.on_finished = self._on_piece_finished
+        self._sent: list[Task] = []
+        self._trace = SpanLog(trace_iteration) if trace_iteration is not None else None
+        self._iteration = 0
+        self._synced = [True] * len(self.layers)  # parameter i is up to date for the next forward
+        self._waiting_for: int | None = None
+        self._iteration_starts: list[float] = []
+
+    # -- compute ---------------------------------------------------------------------------------------
+    def _compute_time(self, seconds: float) -> float:
+        return seconds * self.conditions.compute_factor(self.loop.time)
+
+    def _forward(self, i: int) -> None:
+        if not self._synced[i]:
+            self._waiting_for = i
+            return
+        if i == 0:
+            self._iteration_starts.append(self.loop.time)
+            if self._iteration >= self.iterations:
+                return  # the start of the iteration after the last ends the measurement
+        start = self.loop.time
+        end = start + self._compute_time(self.layers[i].fwd_s)
+        self._log_compute(f"fwd {i}", start, end)
+        if i + 1 < len(self.layers):
+            self.loop.at(end, self._forward, i + 1)
+        else:
+            self.loop.at(end, self._backward, len(self.layers) - 1)
+
+    def _backward(self, i: int) -> None:
+        start = self.loop.time
+        end = start + self._compute_time(self.layers[i].bwd_s)
+        self._log_compute(f"bwd {i}", start, end)
+        self.loop.at(end, self._gradient_ready, i)
+
+    def _gradient_ready(self, i: int) -> None:
+        layer = self.layers[i]
+        self._synced[i] = False
+        task = Task(layer.name, i, layer.shape, layer.itemsize, iteration=self._iteration)
+        if self._traced(task):
+            self._trace.ready[i] = self.loop.time
+        self.scheduler.post(task)
+        if i > 0:
+            self._backward(i - 1)
+        else:
+            self.scheduler.end_of_backward(self._iteration)
+            self._iteration += 1
+            self._forward(0)
+
+    # -- communication ---------------------------------------------------------------------------------
+    def _on_piece_finished(self, piece: Task) -> None:
+        self._sent.append(piece)
+        if self._traced(piece):
+            self._trace.pieces.append((piece.index, piece.key, piece.start_time, self.loop.time))
+        self.scheduler.finished(piece)
+
+    def _on_synced(self, task: Task) -> None:
+        if self._traced(task):
+            self._trace.done[task.index] = self.loop.time
+        self._synced[task.index] = True
+        if self._waiting_for == task.index:
+            self._waiting_for = None
+            self._forward(task.index)
+
+    def _traced(self, task: Task) -> bool:
+        return self._trace is not None and task.iteration == self._trace.iteration
+
+    def _log_compute(self, what: str, start: float, end: float) -> None:
+        if self._trace is not None and self._iteration == self._trace.iteration:
+            self._trace.compute.append((what, start, end))
+
+    # -- run ---------------------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        self.loop.at(0.0, self._forward, 0)
+        self.loop.run()
+        if len(self._iteration_starts) <= self.iterations:
+            raise RuntimeError(
+                f"simulation stalled in iteration {len(self._iteration_starts)} under {self.scheduler.name}"
+            )
+        return SimResult(self._iteration_starts, self.warmup, self._sent, self._trace)
+
+
+def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec, partition: int) -> float:
+    """ALGORITHMS.md section 4: max(C, T_comm, C + sync of gradient 0's first partition)."""
+    sim = Simulation(layers, cluster, Settings())
+    compute = sum(layer.fwd_s + layer.bwd_s for layer in layers)
+    total_bytes = sum(math.prod(layer.shape) * layer.itemsize for layer in layers)
+    bandwidth = cluster.bandwidth
+    comm = sim.network.comm_time(total_bytes, bandwidth)
+    first = Task(layers[0].name, 0, layers[0].shape, layers[0].itemsize).partition(partition)[0]
+    return max(compute, comm, compute + sim.network.sync_time(first.nbytes, bandwidth))
