@@ -477,7 +477,7 @@ class ProfileRecorder:
         t = _time(t, "end_iteration")
         self._require_open("end_iteration")
         latest = max((r for r in self._ready if r is not None), default=None)
-        if latest is not None and t < self._bwd_start + latest:
+        if latest is not None and t < self._bwd_start + latest - _REL_TOL * max(1.0, abs(t)):
             raise UserError(f"ProfileRecorder.end_iteration: time {t} is before the last gradient was ready "
                             f"({self._bwd_start + latest})")
         if bandwidth_Bps is not None and not (isinstance(bandwidth_Bps, (int, float)) and
@@ -489,7 +489,8 @@ class ProfileRecorder:
         if self._warmup_left > 0:
             self._warmup_left -= 1
             return False
-        iteration_s = t - self._begin
+        # Never shorter than the backward part it contains (absorbs float rounding of the inputs).
+        iteration_s = max(t - self._begin, self._bwd_start - self._begin + latest)
         fwd = tuple(self._fwd) if any(f is not None for f in self._fwd) else None
         self._done.append(IterationRecord(tuple(self._ready), fwd, iteration_s if iteration_s > 0 else None,
                                           None if bandwidth_Bps is None else float(bandwidth_Bps)))
