@@ -39,7 +39,8 @@ def register(subparsers) -> None:
     run.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
                      help="extra environment for every role (repeatable)")
     run.add_argument("--dry-run", action="store_true", help="print hosts, commands and environment; run nothing")
-    run.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command each worker runs")
+    run.add_argument("worker_command", nargs=argparse.REMAINDER, metavar="COMMAND",
+                     help="after --: the command each worker runs")
     run.set_defaults(func=run_command)
 
     clean = actions.add_parser("clean", help="remove namespaces left by a cluster whose controller was killed")
@@ -69,7 +70,7 @@ def _spec(args):
 def run_command(args) -> int:
     from byteps_prophet.cluster.local import Cluster
 
-    command = list(args.command or [])
+    command = list(args.worker_command or [])
     if command and command[0] == "--":
         command = command[1:]
     env = _parse_env(args.env)

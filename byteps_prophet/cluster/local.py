@@ -515,6 +515,19 @@ class Cluster:
     def command(self, host: Host, worker_command: Sequence[str] | None = None) -> tuple[str, ...]:
         return role_command(host.role, host.service.command, worker_command)
 
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise UserError(f"no host {name!r}; hosts: {', '.join(h.name for h in self.hosts)}")
+
+    def exec_argv(self, name: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` wrapped to run inside host ``name``'s network namespace (as is on loopback)."""
+        host = self.host(name)
+        if self.use_netns:
+            return ["ip", "netns", "exec", host.netns] + list(argv)
+        return list(argv)
+
     def _argv(self, host: Host, command: Sequence[str]) -> list[str]:
         argv: list[str] = []
         if shutil.which("setpriv"):

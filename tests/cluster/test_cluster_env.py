@@ -1,0 +1,169 @@
+"""Environment per role, role commands, tc commands and the cluster's validation (no root needed)."""
+import ipaddress
+
+import pytest
+
+from byteps_prophet import cli
+from byteps_prophet.cluster import netns
+from byteps_prophet.cluster.local import Cluster, ClusterSpec, _describe_exit
+from byteps_prophet.cluster.roles import (
+    SELFTEST_COMMAND, SERVE_COMMAND, Topology, check_run_env, role_command, role_environment,
+)
+from byteps_prophet.errors import ConfigError, UserError
+
+TOPOLOGY = Topology(num_workers=3, num_servers=2, root_uri="198.18.1.1", root_port=9000,
+                    interface="eth0", cluster_id="bpp-1-0")
+CALLER = {"PATH": "/usr/bin", "HOME": "/root", "BYTEPS_SCHEDULER": "prophet", "PROPHET_MODE": "paper",
+          "BYTESCHEDULER_CREDIT": "4", "DMLC_ROLE": "stale", "BYTEPS_LOG_LEVEL": "DEBUG",
+          "DMLC_NUM_WORKER": "99"}
+
+
+def env_for(role, index, **kw):
+    args = dict(role=role, index=index, node_host="198.18.1.7", topology=TOPOLOGY, engine="mxnet",
+                service_env={"DMLC_ROLE": role, "DMLC_NUM_WORKER": "2", "BYTEPS_CPU_ONLY": "1",
+                             "LINK_BANDWIDTH": "1gbit", "BYTEPS_SCHEDULER": "fifo", "EXTRA": "x"},
+                caller_env=CALLER, bin_dir="/venv/bin")
+    args.update(kw)
+    return role_environment(**args)
+
+
+def test_worker_environment_is_a_real_clusters():
+    env = env_for("worker", 2)
+    assert env["DMLC_ROLE"] == "worker"
+    assert env["DMLC_WORKER_ID"] == "2"
+    assert env["DMLC_PS_ROOT_URI"] == "198.18.1.1" and env["DMLC_PS_ROOT_PORT"] == "9000"
+    assert env["DMLC_NUM_WORKER"] == "3" and env["DMLC_NUM_SERVER"] == "2"  # the cluster's, not compose's
+    assert env["DMLC_NODE_HOST"] == "198.18.1.7" and env["DMLC_INTERFACE"] == "eth0"
+    assert env["BYTEPS_LOCAL_RANK"] == "0" and env["BYTEPS_LOCAL_SIZE"] == "1"
+    assert env["BYTEPS_CPU_ONLY"] == "1"
+    assert env["ENGINE"] == "mxnet"
+    assert env["PATH"] == "/venv/bin:/usr/bin"
+    assert env["EXTRA"] == "x" and env["HOME"] == "/root"
+    assert env["BYTEPS_PROPHET_HOST"] == "worker-2"
+
+
+def test_scheduling_knobs_pass_through_and_stale_cluster_variables_do_not():
+    env = env_for("server", 1)
+    assert env["BYTEPS_SCHEDULER"] == "prophet"  # the caller's wins over compose's
+    assert env["PROPHET_MODE"] == "paper" and env["BYTESCHEDULER_CREDIT"] == "4"
+    assert "BYTEPS_LOG_LEVEL" not in env  # other BYTEPS_* stay with the caller
+    assert env["DMLC_ROLE"] == "server"
+    assert "DMLC_WORKER_ID" not in env
+    assert "LINK_BANDWIDTH" not in env  # Docker's entrypoint shapes; locally the cluster does
+
+
+def test_run_env_overrides_knobs_but_not_topology():
+    env = env_for("worker", 0, run_env={"BYTEPS_SCHEDULER": "bytescheduler", "BYTEPS_LOG_LEVEL": "INFO"})
+    assert env["BYTEPS_SCHEDULER"] == "bytescheduler" and env["BYTEPS_LOG_LEVEL"] == "INFO"
+    with pytest.raises(ConfigError, match="DMLC_WORKER_ID is set by the cluster"):
+        check_run_env({"DMLC_WORKER_ID": "3"})
+    with pytest.raises(ConfigError, match="must be a string"):
+        check_run_env({"X": 1})
+
+
+def test_role_commands():
+    assert role_command("worker", ("python", "a.py"), ["python", "b.py"]) == ("python", "b.py")
+    assert role_command("worker", ("python", "a.py"), None) == ("python", "a.py")
+    assert role_command("worker", None, None) == SELFTEST_COMMAND
+    assert role_command("server", None, ["python", "b.py"]) == SERVE_COMMAND
+    assert role_command("scheduler", ("python", "-c", "import mxnet"), ["x"]) == ("python", "-c", "import mxnet")
+
+
+def test_shaping_commands():
+    link = netns.Link("ns", "eth0")
+    assert netns.shaping_batch(link, 10**9, 0) == [
+        "qdisc replace dev eth0 root handle 1: tbf rate 1000000000bit burst 125000 latency 50ms"]
+    assert netns.shaping_batch(link, 8 * 10**6, 500) == [
+        "qdisc replace dev eth0 root handle 1: netem delay 500us limit 100000",
+        "qdisc replace dev eth0 parent 1:1 handle 10: tbf rate 8000000bit burst 32768 latency 50ms"]
+    assert netns.shaping_batch(link, None, 0) == ["qdisc del dev eth0 root"]
+    assert netns.shaping_batch(link, None, 250) == [
+        "qdisc replace dev eth0 root handle 1: netem delay 250us limit 100000"]
+
+
+def test_host_addresses_are_distinct_and_in_the_benchmarking_range():
+    addresses = [netns.host_address(i) for i in range(1000)]
+    assert len(set(addresses)) == 1000
+    for text in addresses:
+        address = ipaddress.ip_address(text)
+        assert address in netns.SUBNET
+        assert text.split(".")[-1] not in ("0", "255")
+
+
+def test_cluster_plan_from_the_compose_file():
+    cluster = Cluster(ClusterSpec(workers=3, servers=2, engine="mxnet", bandwidth="200mbit"), environ={})
+    assert [h.name for h in cluster.hosts] == ["scheduler", "server-0", "server-1", "worker-0", "worker-1",
+                                              "worker-2"]
+    assert [h.service.name for h in cluster.hosts] == ["scheduler", "server-0", "server-0", "worker-0",
+                                                      "worker-1", "worker-1"]
+    assert all(h.bandwidth == 200 * 10**6 and h.latency_us == 0 for h in cluster.hosts)
+    defaults = Cluster(ClusterSpec(), environ={"ENGINE": "mxnet", "LINK_BANDWIDTH": "300mbit"})
+    assert defaults.engine == "mxnet"
+    assert (defaults.num_workers, defaults.num_servers) == (2, 1)
+    assert all(h.bandwidth == 300 * 10**6 for h in defaults.hosts)
+    assert "worker-1" in defaults.describe()
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    (ClusterSpec(engine="horovod"), "engine 'horovod' is not an engine; valid: byteps, mxnet"),
+    (ClusterSpec(workers=0), "--workers 0 must be an integer >= 1"),
+    (ClusterSpec(servers=-1), "--servers -1 must be an integer >= 1"),
+    (ClusterSpec(workers=300), "more than the 250"),
+    (ClusterSpec(bandwidth="100"), "--bandwidth '100' has no unit"),
+    (ClusterSpec(latency="fast"), "--latency 'fast' is not a time"),
+])
+def test_cluster_spec_errors(spec, fragment):
+    with pytest.raises(UserError, match=fragment.replace("(", r"\(")):
+        Cluster(spec, environ={})
+
+
+def test_unstarted_cluster_refuses_runs_and_shaping():
+    cluster = Cluster(ClusterSpec(engine="mxnet"), environ={})
+    with pytest.raises(UserError, match="not started"):
+        cluster.launch(["true"])
+    with pytest.raises(UserError, match="not started"):
+        cluster.set_bandwidth("1gbit")
+
+
+def test_exit_descriptions():
+    assert _describe_exit("worker-1", -9) == "worker-1 was killed by SIGKILL"
+    assert _describe_exit("worker-1", 137) == "worker-1 was killed by SIGKILL (status 137)"
+    assert _describe_exit("server-0", 3) == "server-0 exited with status 3"
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["cluster", "run", "--bandwidth", "100", "--dry-run"], "--bandwidth '100' has no unit"),
+    (["cluster", "run", "--engine", "nccl", "--dry-run"], "valid: byteps, mxnet"),
+    (["cluster", "run", "--compose", "/nonexistent.yml", "--dry-run"], "/nonexistent.yml: cannot read it"),
+    (["cluster", "run", "--timeout", "0", "--dry-run"], "--timeout 0 must be a positive"),
+    (["cluster", "run", "-e", "NOEQUALS", "--dry-run"], "--env 'NOEQUALS' must be KEY=VALUE"),
+])
+def test_cli_errors_exit_2_with_one_line(argv, fragment, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert fragment in err
+    assert err.count("\n") == 1 and err.startswith("byteps-prophet cluster: error:")
+
+
+def test_cli_dry_run_shows_roles_and_environment(capsys):
+    assert cli.main(["cluster", "run", "--engine", "mxnet", "--workers", "3", "--dry-run", "--",
+                     "python", "train.py"]) == 0
+    out = capsys.readouterr().out
+    assert "worker-2: python train.py" in out
+    assert "scheduler: python -m byteps_prophet.cluster.serve" in out
+    assert "DMLC_NUM_WORKER=3" in out and "ENGINE=mxnet" in out
+
+
+def test_fallback_to_loopback_with_a_warning(monkeypatch):
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: "network namespaces need root (test)")
+    warnings = []
+    cluster = Cluster(ClusterSpec(engine="mxnet"), environ={}, warn=warnings.append)
+    with cluster:
+        assert cluster.use_netns is False
+        assert all(h.address == "127.0.0.1" for h in cluster.hosts)
+        assert cluster.environment(cluster.hosts[0])["DMLC_INTERFACE"] == "lo"
+        with pytest.raises(UserError, match="plain loopback"):
+            cluster.set_bandwidth("1gbit")
+    assert len(warnings) == 1 and "falling back to plain loopback" in warnings[0]
+    with pytest.raises(UserError, match="use --no-netns"):
+        Cluster(ClusterSpec(engine="mxnet", netns=True), environ={}).start()
