@@ -166,9 +166,15 @@ class _Spawner:
                     future.set_exception(err)
 
     def call(self, fn):
+        """Run ``fn`` on the spawner thread; if the caller is interrupted, still wait for ``fn`` to end
+        (so that nothing it starts can be missed by the clean-up that follows) before re-raising."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put((fn, future))
-        return future.result()
+        try:
+            return future.result()
+        except BaseException:
+            concurrent.futures.wait([future], timeout=60)
+            raise
 
     def stop(self) -> None:
         self._queue.put(None)

@@ -83,9 +83,11 @@ def _run(args: list[str], stdin: str | None = None, check: bool = True, timeout:
     except subprocess.TimeoutExpired:
         raise NetnsError(f"{' '.join(args[:4])}: timed out after {timeout:.0f}s") from None
     if check and proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
-        where = f" (input: {stdin.strip().splitlines()[0]}...)" if stdin else ""
-        raise NetnsError(f"{' '.join(args)}: {detail[-1] if detail else f'exit {proc.returncode}'}{where}")
+        detail = [line.strip() for line in (proc.stderr or proc.stdout).strip().splitlines() if line.strip()]
+        text = " / ".join(detail[-3:]) if detail else f"exit {proc.returncode}"
+        if "qdisc kind is unknown" in text and stdin and "netem" in stdin:
+            text += " (the kernel lacks netem: CONFIG_NET_SCH_NETEM; use a latency of 0)"
+        raise NetnsError(f"{' '.join(args)}: {text}")
     return proc
 
 
@@ -97,10 +99,11 @@ def ip_batch(lines: list[str], ns: str | None = None, force: bool = False, check
     return _run(args, "\n".join(lines) + "\n", check=check)
 
 
-def tc_batch(lines: list[str], ns: str, check: bool = True):
+def tc_batch(lines: list[str], ns: str | None, check: bool = True):
+    """Run ``tc [-n NS] -b -`` on the given lines (ns None: this process's namespace)."""
     if not lines:
         return None
-    return _run(["tc", "-n", ns, "-b", "-"], "\n".join(lines) + "\n", check=check)
+    return _run(["tc"] + (["-n", ns] if ns else []) + ["-b", "-"], "\n".join(lines) + "\n", check=check)
 
 
 def unavailable_reason() -> str | None:
