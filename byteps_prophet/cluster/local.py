@@ -234,7 +234,6 @@ class Job:
             exit_codes={r.host.name: r.proc.returncode for r in self.roles},
             output={r.host.name: list(r.lines) for r in self.roles},
         )
-        self._cluster._job_ended(self)
         return self.result
 
     def _stop_all(self) -> None:
@@ -590,9 +589,6 @@ class Cluster:
         if choice is None or choice is True:
             return _PrintSink(width=max(len(h.name) for h in self.hosts))
         return choice
-
-    def _job_ended(self, job: Job) -> None:
-        pass
 
     def _kill_leftovers(self) -> None:
         if self.use_netns:

@@ -294,3 +294,18 @@ def test_docker_entrypoint_shapes_both_directions_and_runs_the_command(leftovers
         assert off.returncode == 0 and "LINK_SHAPING is off" in off.stdout
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_latency_uses_netem_or_refuses_clearly(leftovers):
+    cluster = Cluster(ClusterSpec(workers=1, servers=1, engine="mxnet", bandwidth="100mbit", latency="2ms"),
+                      output=False)
+    try:
+        cluster.start()
+    except Exception as err:  # noqa: BLE001 - the kernel decides which branch we are in
+        assert "needs the netem qdisc" in str(err) and "--latency 0" in str(err)
+        assert cluster.closed  # a failed start removes what it had built
+        return
+    with cluster:
+        qdisc = subprocess.run(["tc", "-n", cluster.host("worker-0").netns, "qdisc", "show", "dev", "eth0"],
+                               capture_output=True, text=True).stdout
+        assert "netem" in qdisc and "delay 1ms" in qdisc and "rate 100Mbit" in qdisc
