@@ -32,8 +32,17 @@ _VAR = re.compile(
 
 
 def default_compose_path() -> Path:
-    """The repository's docker/docker-compose.yml (the one cluster definition)."""
-    return Path(__file__).resolve().parents[2] / "docker" / "docker-compose.yml"
+    """The repository's docker/docker-compose.yml (the one cluster definition).
+
+    From a source checkout that is next to the package; from an installed package, the
+    ``docker/docker-compose.yml`` under the current directory (the Docker image's workdir has one).
+    """
+    relative = Path("docker") / "docker-compose.yml"
+    beside = Path(__file__).resolve().parents[2] / relative
+    if beside.is_file():
+        return beside
+    here = Path.cwd() / relative
+    return here if here.is_file() else beside
 
 
 def interpolate(text: str, environ: Mapping[str, str], where: str = "compose file") -> str:

@@ -563,9 +563,13 @@ class Cluster:
 
             def spawn_all():
                 for host, argv, role_env in plans:
-                    proc = subprocess.Popen(argv, env=role_env, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                            start_new_session=True, cwd=os.getcwd())
+                    try:
+                        proc = subprocess.Popen(argv, env=role_env, stdin=subprocess.DEVNULL,
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                start_new_session=True, cwd=os.getcwd())
+                    except FileNotFoundError:
+                        raise UserError(f"{host.name}: command not found: {argv[0]!r} (PATH starts with "
+                                        f"{self.bin_dir})") from None
                     roles.append(_Role(host, proc, sink))
 
             try:
