@@ -252,6 +252,11 @@ class Job:
                 role.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+        if not self._cluster._isolate_roles:
+            # No PID namespace to collapse: sweep each role's process group for children that
+            # outlived the role's main process.
+            for role in self.roles:
+                role.signal(signal.SIGKILL)
         self._cluster._kill_leftovers()
         for role in self.roles:
             role.reader.join(timeout=2)
