@@ -1,27 +1,75 @@
-"""Continuous bandwidth and latency measurement from completed transfers.
+"""Continuous measurement of the link from completed transfers: bandwidth and per-message cost.
 
-Delivery-rate sampling as in BBR: when a transfer finishes, the bytes delivered since it was sent,
-divided by its time in flight, is one sample of the bottleneck rate. The estimate is the maximum over
-the most recent samples (queueing and idle gaps only ever make a sample smaller), so it follows a
-drop in bandwidth within ``window`` completions and a rise at once.
+Two estimators, both fed only by send and finish events:
 
-The base latency is the smallest (time in flight - serialisation time) seen recently: the per-message
-cost the link charges whatever the size. ``serializations`` says how often a byte crosses the
-bottleneck per transfer: 2 for a parameter-server push then pull, 1 for an all-reduce.
+* Service times. When a transfer was sent before the previous one finished, it queued behind it,
+  so the time between the two completions is what the bottleneck spent on it. A least-squares line
+  through recent (bytes, service time) samples gives a per-message cost (intercept) and the
+  bandwidth (1 / slope). This sees through queueing, which a busy pipe always has.
+* Delivery rate, as in BBR: bytes delivered while a transfer was in flight over its time in flight;
+  the recent maximum. Used until enough service samples exist, or when their sizes do not vary
+  enough to separate cost from bandwidth.
+
+Both windows are short, so a bandwidth change is followed within a few dozen transfers.
 """
 from __future__ import annotations
 
 from collections import deque
 
+MIN_FIT_SAMPLES = 8
+
+
+class _RunningFit:
+    """Least squares y = a + b x over a sliding window, O(1) per sample."""
+
+    def __init__(self, window: int) -> None:
+        self._samples: deque[tuple[float, float]] = deque()
+        self._window = window
+        self._n = self._sx = self._sy = self._sxx = self._sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self._samples.append((x, y))
+        self._update(x, y, +1)
+        if len(self._samples) > self._window:
+            self._update(*self._samples.popleft(), -1)
+
+    def _update(self, x: float, y: float, sign: int) -> None:
+        self._n += sign
+        self._sx += sign * x
+        self._sy += sign * y
+        self._sxx += sign * x * x
+        self._sxy += sign * x * y
+
+    def clear(self) -> None:
+        self.__init__(self._window)
+
+    def fit(self) -> tuple[float, float] | None:
+        """(intercept, slope), or None when the sizes do not spread enough to tell them apart."""
+        n = self._n
+        if n < MIN_FIT_SAMPLES:
+            return None
+        mean_x, mean_y = self._sx / n, self._sy / n
+        var_x = self._sxx / n - mean_x * mean_x
+        if var_x <= (0.05 * mean_x) ** 2:
+            return None
+        slope = (self._sxy / n - mean_x * mean_y) / var_x
+        if slope <= 0:
+            return None
+        intercept = mean_y - slope * mean_x
+        if intercept < 0:  # noise: a line through the origin with the same mean
+            return 0.0, mean_y / mean_x
+        return intercept, slope
+
 
 class BandwidthMonitor:
-    def __init__(self, window: int = 24, serializations: int = 1) -> None:
-        self.window = window
+    def __init__(self, window: int = 64, serializations: int = 1) -> None:
         self.serializations = serializations
         self._delivered = 0
         self._in_flight: dict[int, tuple[float, int]] = {}
-        self._rates: deque[float] = deque(maxlen=window)
-        self._flights: deque[tuple[float, int]] = deque(maxlen=window)  # (seconds in flight, bytes)
+        self._rates: deque[float] = deque(maxlen=window // 2)
+        self._service = _RunningFit(window)
+        self._last_finish = float("-inf")
+        self._cached: tuple[int, tuple[float, float] | None] = (-1, None)
         self.samples = 0
 
     def on_send(self, task, now: float) -> None:
@@ -32,12 +80,17 @@ class BandwidthMonitor:
         self._delivered += task.nbytes
         if sent_at is None:
             return
-        elapsed = now - sent_at
-        if elapsed <= 0:
-            return
-        self._rates.append((self._delivered - delivered_at_send) / elapsed)
-        self._flights.append((elapsed, task.nbytes))
-        self.samples += 1
+        if now > sent_at:
+            self._rates.append((self._delivered - delivered_at_send) / (now - sent_at))
+            self.samples += 1
+        if sent_at < self._last_finish < now:
+            self._service.add(task.nbytes, now - self._last_finish)
+        self._last_finish = now
+
+    def _fit(self) -> tuple[float, float] | None:
+        if self._cached[0] != self.samples:
+            self._cached = (self.samples, self._service.fit())
+        return self._cached[1]
 
     @property
     def known(self) -> bool:
@@ -46,15 +99,16 @@ class BandwidthMonitor:
     @property
     def bytes_per_s(self) -> float | None:
         """Bottleneck rate in bytes/s, or None before the first completion."""
+        fit = self._fit()
+        if fit is not None:
+            return 1.0 / fit[1]
         return max(self._rates) if self._rates else None
 
     @property
-    def base_latency(self) -> float:
-        """Per-message time in flight beyond serialisation, seconds (0 before any sample)."""
-        rate = self.bytes_per_s
-        if not rate:
-            return 0.0
-        return max(0.0, min(t - self.serializations * n / rate for t, n in self._flights))
+    def message_cost(self) -> float:
+        """Seconds the bottleneck spends on a message besides its bytes (0 until measured)."""
+        fit = self._fit()
+        return fit[0] if fit is not None else 0.0
 
     @property
     def in_flight_count(self) -> int:
@@ -62,4 +116,4 @@ class BandwidthMonitor:
 
     def reset(self) -> None:
         self._rates.clear()
-        self._flights.clear()
+        self._service.clear()

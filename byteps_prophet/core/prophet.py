@@ -128,7 +128,7 @@ class Prophet(ByteScheduler):
     def _dispatch_work_conserving(self) -> None:
         self._releases.clear()  # blocks only pace the paper mode
         bandwidth = self.bandwidth.bytes_per_s
-        latency = self.bandwidth.base_latency
+        latency = self.bandwidth.message_cost
         floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * latency)
         cap = max(self.settings.max_chunk_bytes or self.settings.partition * 4, floor)
         while self._queue:

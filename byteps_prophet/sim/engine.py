@@ -215,3 +215,11 @@ def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec, partition: int)
     comm = sim.network.comm_time(total_bytes, bandwidth)
     first = Task(layers[0].name, 0, layers[0].shape, layers[0].itemsize).partition(partition)[0]
     return max(compute, comm, compute + sim.network.sync_time(first.nbytes, bandwidth))
+
+
+def layers_from(model, times) -> list[Layer]:
+    """Simulator layers from a zoo ``ModelSpec`` (or a profile's) and its ``LayerTimes``."""
+    return [
+        Layer(t.name, tuple(t.shape), fwd, bwd, getattr(t, "itemsize", 4))
+        for t, fwd, bwd in zip(model.tensors, times.fwd_s, times.bwd_s)
+    ]
