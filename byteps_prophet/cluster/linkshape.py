@@ -16,7 +16,7 @@ import os
 import sys
 
 from byteps_prophet.cluster import netns
-from byteps_prophet.cluster.units import format_bandwidth, format_latency, parse_bandwidth, parse_latency
+from byteps_prophet.units import format_bandwidth, format_latency, parse_bandwidth, parse_latency
 from byteps_prophet.errors import UserError
 
 IFB = "bpp-ifb0"

@@ -37,7 +37,7 @@ from byteps_prophet.cluster.compose import ComposeDefinition, ServiceDef, load_c
 from byteps_prophet.cluster.roles import (
     DEFAULT_PORT, Topology, check_engine, check_run_env, host_name, role_command, role_environment,
 )
-from byteps_prophet.cluster.units import format_bandwidth, format_latency, parse_bandwidth, parse_latency
+from byteps_prophet.units import format_bandwidth, format_latency, parse_bandwidth, parse_latency
 from byteps_prophet.errors import ConfigError, UserError
 
 OutputSink = Callable[[str, str], None]

@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from byteps_prophet.cluster.units import format_bandwidth, format_latency, parse_bandwidth, parse_latency
+from byteps_prophet.units import format_bandwidth, format_latency, parse_bandwidth, parse_latency
 from byteps_prophet.errors import ConfigError, UserError
 
 
