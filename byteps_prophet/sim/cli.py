@@ -1,0 +1,147 @@
+"""``byteps-prophet simulate``: the schedulers side by side on a simulated cluster."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from byteps_prophet.core import Settings
+from byteps_prophet.errors import UserError
+from byteps_prophet.units import parse_bandwidth, parse_latency
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="simulate FIFO, ByteScheduler and Prophet on a model and cluster",
+        description="Run the real scheduler classes in a discrete-event simulation of data-parallel "
+                    "training and compare their iteration times with the lower bound. Scheduler knobs "
+                    "come from the environment (BYTESCHEDULER_PARTITION, BYTESCHEDULER_CREDIT, PROPHET_*).")
+    p.add_argument("--model", help="resnet50, vgg16, alexnet, inception_v3 or bert_base (or use --profile)")
+    p.add_argument("--profile", metavar="FILE", help="replay a recorded profile (docs/PROFILE.md) instead of the zoo")
+    p.add_argument("--workers", type=_positive_int, default=8, help="data-parallel workers (default 8)")
+    p.add_argument("--servers", type=_positive_int, help="parameter servers (default: as many as workers)")
+    p.add_argument("--arch", choices=("ps", "allreduce"), default="ps", help="parameter server or ring all-reduce")
+    p.add_argument("--bandwidth", default="10gbit", help="per-link bandwidth, tc units (default 10gbit)")
+    p.add_argument("--overhead", default="50us", help="per-message cost on each link (default 50us)")
+    p.add_argument("--latency", default="0us", help="one-way propagation latency (default 0)")
+    p.add_argument("--batch", type=_positive_int, help="per-worker batch (default: the model's, 32)")
+    p.add_argument("--device", default="v100", help="compute device of the cost model (v100, a100, h100, cpu)")
+    p.add_argument("--scheduler", default="all",
+                   help="comma-separated: fifo, bytescheduler, prophet; or all (default)")
+    p.add_argument("--iterations", type=_positive_int, default=30, help="simulated iterations (default 30)")
+    p.add_argument("--bandwidth-at", action="append", default=[], metavar="TIME=RATE",
+                   help="change the bandwidth at a simulated time, e.g. 2s=3gbit (repeatable)")
+    p.add_argument("--compute-at", action="append", default=[], metavar="TIME=FACTOR",
+                   help="scale compute times from a simulated time on, e.g. 3s=1.3 (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--plot", metavar="PNG", help="write a bar chart of iteration times")
+    p.add_argument("--trace", metavar="JSON", help="write a Chrome trace of one iteration (chrome://tracing)")
+    p.set_defaults(func=run)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _steps(items: list[str], parse_value, what: str) -> tuple[tuple[float, float], ...]:
+    steps = []
+    for item in items:
+        when, sep, value = item.partition("=")
+        if not sep:
+            raise UserError(f"--{what} {item!r} is not TIME=VALUE, e.g. 2s=3gbit")
+        steps.append((parse_latency(when, f"--{what} time") / 1e6, parse_value(value)))
+    return tuple(steps)
+
+
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UserError(f"--compute-at factor {text!r} is invalid; valid: a number > 0 (1.3 = 30% slower)")
+    return value
+
+
+def _bytes_per_s(text: str) -> float:
+    bits = parse_bandwidth(text)
+    if bits is None:
+        raise UserError(f"bandwidth {text!r} must be a finite rate, e.g. 10gbit")
+    return bits / 8
+
+
+def _load_model(args):
+    from byteps_prophet.profile import load_profile
+    from byteps_prophet.sim.costmodel import compute_times
+    from byteps_prophet.sim.engine import layers_from
+    from byteps_prophet.sim.zoo import get_model
+
+    if args.profile:
+        if args.model:
+            raise UserError("give --model or --profile, not both (a profile names its own model)")
+        model, times = load_profile(args.profile).to_model_and_times()
+        return model, layers_from(model, times)
+    if not args.model:
+        raise UserError("--model is required (resnet50, vgg16, alexnet, inception_v3, bert_base) unless --profile is given")
+    model = get_model(args.model)
+    return model, layers_from(model, compute_times(model, args.batch or model.default_batch, args.device))
+
+
+def run(args) -> int:
+    from byteps_prophet.sim.engine import ClusterSpec
+    from byteps_prophet.sim.runner import compare, parse_schedulers, plot, report, write_trace
+
+    settings = Settings.from_env()
+    schedulers = parse_schedulers(args.scheduler)
+    cluster = ClusterSpec(
+        workers=args.workers, servers=args.servers, arch=args.arch, bandwidth=_bytes_per_s(args.bandwidth),
+        overhead=parse_latency(args.overhead, "--overhead") / 1e6,
+        latency=parse_latency(args.latency, "--latency") / 1e6,
+        bandwidth_steps=_steps(args.bandwidth_at, _bytes_per_s, "bandwidth-at"),
+        compute_steps=_steps(args.compute_at, _factor, "compute-at"),
+    )
+    model, layers = _load_model(args)
+    progress = None
+    if not args.json and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(len(v) for k, v in _variants(schedulers)), desc="simulating", leave=False)
+        progress = lambda name: (bar.set_postfix_str(name), bar.update(1))  # noqa: E731
+    comparison = compare(layers, cluster, schedulers, settings, iterations=args.iterations,
+                         warmup=min(10, args.iterations // 3), trace_iteration=args.iterations // 2)
+    out = report(comparison, model=model.name, tensors=len(layers), params=model.params,
+                 batch=args.batch or model.default_batch, workers=args.workers,
+                 servers=args.servers or args.workers, arch=args.arch, bandwidth=args.bandwidth)
+    if args.trace:
+        write_trace(comparison, args.trace)
+    if args.plot:
+        plot(comparison, args.plot, f"{model.name}, {args.workers} workers, {args.arch}, {args.bandwidth}")
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        _print_table(out)
+    return 0
+
+
+def _variants(schedulers):
+    from byteps_prophet.sim.runner import VARIANTS
+
+    return [(s, VARIANTS[s]) for s in schedulers]
+
+
+def _print_table(out: dict) -> None:
+    print(f"{out['model']}: {out['tensors']} tensors, {out['params']:,} params, batch {out['batch']}, "
+          f"{out['workers']} workers, {out['arch']}, {out['bandwidth']}")
+    print(f"compute {out['compute_ms']:.2f} ms, lower bound {out['lower_bound_ms']:.2f} ms")
+    fifo = out["results"].get("fifo", {}).get("iter_ms")
+    print(f"{'scheduler':<34}{'iter ms':>10}{'/ bound':>9}{'speedup vs fifo':>17}")
+    for name, r in out["results"].items():
+        speedup = f"{fifo / r['iter_ms']:.3f}x" if fifo else "-"
+        label = f"{name} (credit {r['credit']:,})" if "credit" in r else name
+        print(f"{label:<34}{r['iter_ms']:>10.2f}{r['ratio_to_lower_bound']:>9.3f}{speedup:>17}")

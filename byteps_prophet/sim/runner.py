@@ -1,0 +1,161 @@
+"""Run the schedulers side by side on one simulated cluster: what ``simulate`` and the benchmark call.
+
+Results are keyed as the CLI's JSON reports them:
+
+* ``fifo``;
+* ``bytescheduler`` (the default credit) and ``bytescheduler_best`` (the best credit of a sweep over
+  ``CREDIT_SWEEP``: a fair A/B gives ByteScheduler its best credit, ALGORITHMS.md section 2);
+* ``prophet`` (default, work-conserving mode) and ``prophet_paper`` (section 3 exactly).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+from byteps_prophet.core import Settings
+from byteps_prophet.errors import UserError
+from byteps_prophet.sim.engine import ClusterSpec, Layer, SimResult, Simulation, lower_bound_s
+
+SCHEDULER_CHOICES = ("fifo", "bytescheduler", "prophet")
+# Each choice reports its variants: the default-credit ByteScheduler beside the best credit, and the
+# paper's Prophet beside the default.
+VARIANTS = {
+    "fifo": ("fifo",),
+    "bytescheduler": ("bytescheduler", "bytescheduler_best"),
+    "prophet": ("prophet", "prophet_paper"),
+}
+CREDIT_SWEEP = tuple(250_000 * 2**k for k in range(10))  # 0.25M .. 128M elements
+
+
+@dataclass
+class Comparison:
+    lower_bound_s: float
+    compute_s: float
+    results: dict[str, SimResult] = field(default_factory=dict)
+    best_credit: int | None = None
+    sweep: dict[int, float] = field(default_factory=dict)  # credit -> iteration seconds
+
+
+def parse_schedulers(text: str) -> list[str]:
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return list(SCHEDULER_CHOICES)
+    bad = [n for n in names if n not in SCHEDULER_CHOICES]
+    if bad or not names:
+        raise UserError(f"scheduler {', '.join(bad) or repr(text)} is unknown; valid: "
+                        f"{', '.join(SCHEDULER_CHOICES)} (comma-separated) or all")
+    return names
+
+
+def variant_settings(name: str, base: Settings) -> Settings:
+    return {
+        "fifo": base.replace(scheduler="fifo"),
+        "bytescheduler": base.replace(scheduler="bytescheduler", credit_tuning=False),
+        "prophet": base.replace(scheduler="prophet", prophet_mode="default"),
+        "prophet_paper": base.replace(scheduler="prophet", prophet_mode="paper"),
+    }[name]
+
+
+def compare(layers: Sequence[Layer], cluster: ClusterSpec, schedulers: Iterable[str],
+            base: Settings = Settings(), iterations: int = 30, warmup: int = 10,
+            trace_iteration: int | None = None, progress: Callable[[str], None] | None = None) -> Comparison:
+    """Simulate each requested scheduler (with its variants) on the same cluster and model."""
+    tick = progress or (lambda label: None)
+    comparison = Comparison(lower_bound_s(layers, cluster, base.partition),
+                            sum(layer.fwd_s + layer.bwd_s for layer in layers))
+
+    def run(settings: Settings, trace: bool = True) -> SimResult:
+        return Simulation(layers, cluster, settings, iterations, warmup,
+                          trace_iteration if trace else None).run()
+
+    for choice in schedulers:
+        for name in VARIANTS[choice]:
+            tick(name)
+            if name == "bytescheduler_best":
+                for credit in CREDIT_SWEEP:
+                    comparison.sweep[credit] = run(variant_settings("bytescheduler", base).replace(credit=credit),
+                                                   trace=False).iter_s
+                comparison.best_credit = min(comparison.sweep, key=comparison.sweep.get)
+                settings = variant_settings("bytescheduler", base).replace(credit=comparison.best_credit)
+            else:
+                settings = variant_settings(name, base)
+            comparison.results[name] = run(settings)
+    return comparison
+
+
+def report(comparison: Comparison, **header) -> dict:
+    """The JSON object ``simulate --json`` prints."""
+    bound = comparison.lower_bound_s
+    results = {}
+    for name, result in comparison.results.items():
+        entry = {"iter_ms": round(result.iter_s * 1e3, 4),
+                 "ratio_to_lower_bound": round(result.iter_s / bound, 4)}
+        if name == "bytescheduler_best":
+            entry["credit"] = comparison.best_credit
+        results[name] = entry
+    out = dict(header)
+    out["lower_bound_ms"] = round(bound * 1e3, 4)
+    out["compute_ms"] = round(comparison.compute_s * 1e3, 4)
+    out["results"] = results
+    if comparison.sweep:
+        out["credit_sweep_ms"] = {str(c): round(t * 1e3, 4) for c, t in comparison.sweep.items()}
+    return out
+
+
+def chrome_trace(comparison: Comparison) -> dict:
+    """One process per scheduler, one row per gradient: queueing (ready -> first byte sent) and
+    communication spans of the traced iteration, plus a compute row."""
+    events = []
+    for pid, (name, result) in enumerate(comparison.results.items()):
+        log = result.trace
+        if log is None:
+            continue
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
+        origin = min([s for _, s, _ in log.compute] + list(log.ready.values()) or [0.0])
+        us = lambda t: round((t - origin) * 1e6, 3)  # noqa: E731
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "compute"}})
+        for what, start, end in log.compute:
+            events.append({"ph": "X", "name": what, "cat": "compute", "pid": pid, "tid": 0,
+                           "ts": us(start), "dur": us(end) - us(start)})
+        first_start: dict[int, float] = {}
+        for index, key, start, finish in log.pieces:
+            first_start[index] = min(first_start.get(index, math.inf), start)
+            events.append({"ph": "X", "name": key, "cat": "comm", "pid": pid, "tid": index + 1,
+                           "ts": us(start), "dur": us(finish) - us(start)})
+        for index, ready in log.ready.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": index + 1,
+                           "args": {"name": f"grad {index}"}})
+            if index in first_start and first_start[index] > ready:
+                events.append({"ph": "X", "name": "queued", "cat": "queue", "pid": pid, "tid": index + 1,
+                               "ts": us(ready), "dur": us(first_start[index]) - us(ready)})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_trace(comparison: Comparison, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(chrome_trace(comparison), f)
+
+
+def plot(comparison: Comparison, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(comparison.results)
+    times = [comparison.results[n].iter_s * 1e3 for n in names]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    bars = ax.bar(names, times, color=["#888" if "fifo" in n else "#4a7ebb" if "byte" in n else "#d9822b"
+                                       for n in names])
+    ax.axhline(comparison.lower_bound_s * 1e3, color="k", linestyle="--", linewidth=1, label="lower bound")
+    for bar, t in zip(bars, times):
+        ax.annotate(f"{t:.1f}", (bar.get_x() + bar.get_width() / 2, t), ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("iteration time (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=15, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
