@@ -68,6 +68,7 @@ class SimResult:
     warmup: int
     sent: list[Task]
     trace: SpanLog | None
+    finish_s: float  # when the last byte of the last iteration was synchronised
 
     @property
     def iteration_times(self) -> list[float]:
@@ -203,18 +204,21 @@ class Simulation:
             raise RuntimeError(
                 f"simulation stalled in iteration {len(self._iteration_starts)} under {self.scheduler.name}"
             )
-        return SimResult(self._iteration_starts, self.warmup, self._sent, self._trace)
+        return SimResult(self._iteration_starts, self.warmup, self._sent, self._trace, self.loop.time)
 
 
-def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec, partition: int) -> float:
-    """ALGORITHMS.md section 4: max(C, T_comm, C + sync of gradient 0's first partition)."""
+def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:
+    """ALGORITHMS.md section 4: max(C, T_comm, C + time to sync gradient 0).
+
+    Section 4 charges the sync of gradient 0's first partition; Prophet's default mode cuts
+    partitions, so the bound charges the least time any cut can take (``sync_time``)."""
     sim = Simulation(layers, cluster, Settings())
     compute = sum(layer.fwd_s + layer.bwd_s for layer in layers)
     total_bytes = sum(math.prod(layer.shape) * layer.itemsize for layer in layers)
     bandwidth = cluster.bandwidth
     comm = sim.network.comm_time(total_bytes, bandwidth)
-    first = Task(layers[0].name, 0, layers[0].shape, layers[0].itemsize).partition(partition)[0]
-    return max(compute, comm, compute + sim.network.sync_time(first.nbytes, bandwidth))
+    first = math.prod(layers[0].shape) * layers[0].itemsize
+    return max(compute, comm, compute + sim.network.sync_time(first, bandwidth))
 
 
 def layers_from(model, times) -> list[Layer]:

@@ -75,9 +75,9 @@ class ParameterServerNetwork:
         self._schedule(pulled + self.latency, self.on_finished, task)
 
     def sync_time(self, nbytes: int, bandwidth: float) -> float:
-        """Push then pull of one message on an idle network."""
-        wire = nbytes / bandwidth
-        return 2 * (self.overhead + max(1.0, self.fan_in) * wire + self.latency)
+        """Least time to push and pull ``nbytes`` on an idle network, however finely it is cut: at
+        least one push and one pull message, and the bytes pipelined through the bottleneck once."""
+        return 2 * (self.overhead + self.latency) + max(1.0, self.fan_in) * nbytes / bandwidth
 
     def comm_time(self, nbytes: int, bandwidth: float) -> float:
         """The bottleneck link's busy time for ``nbytes`` per worker per iteration (each direction)."""

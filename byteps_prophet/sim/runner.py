@@ -63,7 +63,7 @@ def compare(layers: Sequence[Layer], cluster: ClusterSpec, schedulers: Iterable[
             trace_iteration: int | None = None, progress: Callable[[str], None] | None = None) -> Comparison:
     """Simulate each requested scheduler (with its variants) on the same cluster and model."""
     tick = progress or (lambda label: None)
-    comparison = Comparison(lower_bound_s(layers, cluster, base.partition),
+    comparison = Comparison(lower_bound_s(layers, cluster),
                             sum(layer.fwd_s + layer.bwd_s for layer in layers))
 
     def run(settings: Settings, trace: bool = True) -> SimResult:

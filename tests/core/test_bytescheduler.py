@@ -1,0 +1,54 @@
+from byteps_prophet.core import State
+
+
+def test_fifo_sends_each_gradient_whole_in_ready_order(harness):
+    h = harness(scheduler="fifo")
+    h.post("b", 1, (3_000_000,))
+    h.post("a", 0, (5,))
+    assert [(p.name, p.numel) for p in h.transport.sent] == [("b", 3_000_000), ("a", 5)]
+
+
+def test_credit_overdraws_by_exactly_one_task_then_waits(harness):
+    h = harness(scheduler="bytescheduler", partition=100, credit=250)
+    h.post("g", 5, (1000,))  # ten pieces of 100
+    # 250 -> 150 -> 50 -> -50: the third piece overdraws, the fourth waits.
+    assert len(h.transport.sent) == 3
+    assert h.scheduler.credit == -50
+    h.finish()  # credit back to 50: one more piece goes
+    assert len(h.transport.sent) == 4 and h.scheduler.credit == -50
+
+
+def test_credit_never_exceeds_its_limit(harness):
+    h = harness(scheduler="bytescheduler", partition=100, credit=1000)
+    h.post("g", 0, (300,))
+    while h.transport.in_flight:
+        h.finish()
+    assert h.scheduler.credit == 1000
+
+
+def test_credit_equal_to_piece_size_sends_each_piece_exactly_once(harness):
+    h = harness(scheduler="bytescheduler", partition=100, credit=100)
+    task = h.post("g", 0, (500,))
+    while h.transport.in_flight:
+        h.finish()
+    assert [p.key for p in h.transport.sent] == [f"g[{i}:{i + 100}]" for i in range(0, 500, 100)]
+    assert task.state is State.FINISHED and h.done == [task]
+
+
+def test_most_urgent_first_and_ties_keep_arrival_order(harness):
+    h = harness(scheduler="bytescheduler", partition=1_000_000, credit=1)
+    h.post("late_layer", 9, (10,))  # goes at once (credit 1 > 0) and overdraws
+    h.post("x", 4, (10,))
+    h.post("first_layer", 0, (10,))
+    h.post("y", 4, (10,))  # same priority as x: must not compare Task objects, x stays first
+    for _ in range(3):
+        h.finish()
+    assert [p.name for p in h.transport.sent] == ["late_layer", "first_layer", "x", "y"]
+
+
+def test_set_credit_keeps_what_is_in_flight_charged(harness):
+    h = harness(scheduler="bytescheduler", partition=100, credit=100)
+    h.post("g", 0, (300,))
+    assert h.scheduler.credit == 0
+    h.scheduler.set_credit(300)
+    assert h.scheduler.credit == 200
