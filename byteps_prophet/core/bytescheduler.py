@@ -25,6 +25,7 @@ class ByteScheduler(Scheduler):
         self.credit_limit = settings.credit
         self.credit = settings.credit
         self._queue: list[tuple[int, int, Task]] = []
+        self.pending_bytes = 0  # bytes waiting in the queue
         self._sequence = itertools.count()
         self._iteration_starts: list[float] = []
         self._current_iteration: int | None = None
@@ -37,16 +38,15 @@ class ByteScheduler(Scheduler):
     # -- queue ---------------------------------------------------------------------------------------
     def _enqueue(self, piece: Task) -> None:
         heapq.heappush(self._queue, (piece.priority, next(self._sequence), piece))
+        self.pending_bytes += piece.nbytes
 
     def _peek(self) -> Task | None:
         return self._queue[0][2] if self._queue else None
 
     def _pop(self) -> Task:
-        return heapq.heappop(self._queue)[2]
-
-    @property
-    def pending_bytes(self) -> int:
-        return sum(entry[2].nbytes for entry in self._queue)
+        piece = heapq.heappop(self._queue)[2]
+        self.pending_bytes -= piece.nbytes
+        return piece
 
     # -- events --------------------------------------------------------------------------------------
     def _on_ready(self, task: Task) -> None:
