@@ -1,0 +1,104 @@
+"""Engine gates: hold an MXNet array's write dependency open until Python says it is synchronised.
+
+Why: a scheduler sends a parameter's slices *later* than ``pushpull`` is called, but MXNet orders
+operations by the order they are pushed to its engine. If the next forward pass is pushed before the
+scheduler has pushed the pull that writes the parameter, the forward would read the old weights.
+
+A gate is an asynchronous engine operation that *mutates* the arrays (the parameter, or the gradient
+when the optimizer runs on the worker). It is pushed at ``pushpull`` time, so every operation the user
+pushes afterwards that reads those arrays (the next forward of *that* layer only) waits for it. The
+scheduled pulls write a staging buffer instead; when all of a parameter's rows are synchronised,
+``release`` copies the staging buffer into the arrays while the gate holds them, then completes it.
+
+Pure Python: ``MXEnginePushAsyncND`` through ctypes; the engine hands the async function a pointer to
+its ``CallbackOnComplete`` (three pointers: the function, the engine, its parameter), which we copy
+and call later with a null error.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+from typing import Callable, Sequence
+
+import mxnet as mx
+import numpy as np
+from mxnet.base import NDArrayHandle, _LIB, check_call
+
+_ASYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_COMPLETE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_DEV_TYPES = {"cpu": 1, "gpu": 2, "cpu_pinned": 3, "cpu_shared": 5}
+
+
+def data_pointer(array: mx.nd.NDArray) -> int:
+    """Address of the array's first element (views included); does not wait on the engine."""
+    ptr = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
+    return ptr.value or 0
+
+
+def copy_raw(src: mx.nd.NDArray, dst: mx.nd.NDArray) -> None:
+    """memmove src -> dst. Only call while nothing in the engine writes dst or src (a gate holds dst,
+    src's writes are known complete). CPU, same byte size."""
+    nbytes = src.size * np.dtype(src.dtype).itemsize
+    if dst.size * np.dtype(dst.dtype).itemsize != nbytes:
+        raise ValueError(f"copy_raw: {src.shape} {src.dtype} into {dst.shape} {dst.dtype}")
+    ctypes.memmove(data_pointer(dst), data_pointer(src), nbytes)
+
+
+class EngineGate:
+    """Gates keyed by integer tokens. ``hold`` pushes one; ``release(token, action)`` runs ``action``
+    once the engine has started the gate (all earlier users of the arrays are done), then completes it.
+    Either may come first; the action always runs while the gate holds the arrays."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens = itertools.count(1)
+        self._started: dict[int, tuple[int, int, int]] = {}
+        self._released: dict[int, Callable[[], None]] = {}
+        self._errors: list[BaseException] = []
+        self._fn = _ASYNC_FN(self._on_start)  # keep a reference for the library's lifetime
+
+    def hold(self, arrays: Sequence[mx.nd.NDArray]) -> int:
+        token = next(self._tokens)
+        handles = (NDArrayHandle * len(arrays))(*[a.handle for a in arrays])
+        ctx = arrays[0].context
+        c_ctx = (ctypes.c_int * 2)(_DEV_TYPES.get(ctx.device_type, 1), ctx.device_id)
+        check_call(_LIB.MXEnginePushAsyncND(
+            self._fn, ctypes.c_void_p(token), None, ctypes.byref(c_ctx), None, 0, handles, len(arrays),
+            None, 0, b"byteps_prophet_gate", False))
+        return token
+
+    def release(self, token: int, action: Callable[[], None] | None = None) -> None:
+        action = action or (lambda: None)
+        with self._lock:
+            callback = self._started.pop(token, None)
+            if callback is None:
+                self._released[token] = action
+                return
+        self._finish(callback, action)
+
+    @property
+    def open_gates(self) -> int:
+        with self._lock:
+            return len(self._started) + len(self._released)
+
+    def _on_start(self, _rctx, on_complete, param) -> None:
+        words = ctypes.cast(on_complete, ctypes.POINTER(ctypes.c_void_p * 3)).contents
+        callback = (words[0], words[1], words[2])
+        token = param or 0
+        with self._lock:
+            action = self._released.pop(token, None)
+            if action is None:
+                self._started[token] = callback
+                return
+        self._finish(callback, action)
+
+    def _finish(self, callback: tuple[int, int, int], action: Callable[[], None]) -> None:
+        try:
+            action()
+        except BaseException as err:  # never leave the engine waiting on a gate
+            self._errors.append(err)
+        finally:
+            fn, engine, param = callback
+            _COMPLETE_FN(fn)(engine, param, None)

@@ -1,0 +1,473 @@
+"""A scheduled KVStore for MXNet 1.9: FIFO, ByteScheduler or Prophet decide when each slice moves.
+
+``ScheduledKVStore(mx.kv.create('dist_sync'))`` (or :func:`create`) is a ``KVStoreBase``, so Gluon's
+``Trainer(kvstore=kv)`` and ``Module.fit(kvstore=kv)`` take it as is. It intercepts ``push``,
+``pull`` and ``pushpull`` (Trainer and Module call ``pushpull`` in 1.9; a wrapper that only hooks
+push/pull is silently bypassed).
+
+Per ``pushpull(key, grad, out=weight)``, all in the caller's thread and without waiting:
+
+1. the gradient is copied into a staging buffer by an engine op (so the next backward may overwrite
+   the gradient whenever the scheduler gets round to it);
+2. an engine *gate* is pushed that holds ``out`` (see ``engine.py``): the next forward of this layer,
+   and only of this layer, waits for it;
+3. a task is registered for the readiness probe.
+
+A probe thread waits for the staged gradients in backward order (``wait_to_read``) and posts each to
+the scheduler; after the last it calls ``end_of_backward``. The scheduler ``send``s slices; each
+slice maps to the fixed *atoms* it covers (rows along dim 0, each pushed and pulled under its own
+key, initialised once), so every worker pushes the same keys whatever the scheduler cut. An atom a
+slice only partly covers is sent whole, at once (its data is ready), so no byte is sent twice in an
+iteration and no slice waits on a later one. When every row of a gradient is synchronised the pulled
+staging buffer is copied into ``out`` under the gate and the gate completes.
+
+Atoms: FIFO one per tensor (what MXNet does), ByteScheduler its partitions, Prophet its partitions
+cut into ``PROPHET_MXNET_ATOM_ELEMENTS`` (default partition / 4) so its finer cuts are honoured.
+
+Values are exactly those of the unscheduled store: each row is summed once per iteration by the
+server, and with ``update_on_kvstore`` the server's optimizer (elementwise: SGD, NAG, Adam, ...) runs
+per atom with the parameter's own lr/wd multipliers (the optimizer is re-keyed before it is sent).
+"""
+from __future__ import annotations
+
+import bisect
+import copy
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+from mxnet.kvstore import KVStoreBase
+
+from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
+from byteps_prophet.errors import ConfigError, UserError
+from byteps_prophet.mxnet.engine import EngineGate, copy_raw
+
+ATOM_ENV = "PROPHET_MXNET_ATOM_ELEMENTS"
+IDLE_CLOSE_S = 0.02  # no pushpull for this long closes the step (unused parameters never come)
+_IDLE, _SENT, _DONE = 0, 1, 2
+
+
+def create(kvstore: str | Any = "dist_sync", settings: Settings | None = None, **kwargs) -> "ScheduledKVStore":
+    """``ScheduledKVStore`` around ``mx.kv.create(kvstore)`` (or around a store you created)."""
+    real = mx.kv.create(kvstore) if isinstance(kvstore, str) else kvstore
+    return ScheduledKVStore(real, settings=settings, **kwargs)
+
+
+def atom_elements(settings: Settings, environ=None) -> int:
+    env = os.environ if environ is None else environ
+    raw = env.get(ATOM_ENV, "").strip()
+    if not raw:
+        return max(1, settings.partition // 4)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{ATOM_ENV}={raw!r} is not a number; valid: a positive integer (elements)") from None
+    if value <= 0:
+        raise ConfigError(f"{ATOM_ENV}={raw!r} is invalid; valid: a positive integer (elements)")
+    return value
+
+
+def atom_rows(shape: tuple[int, ...], scheduler: str, partition: int, atom: int) -> list[tuple[int, int]]:
+    """The fixed row ranges one tensor is pushed as, the same on every worker."""
+    template = Task("t", 0, shape)
+    if scheduler == "fifo":
+        return [(0, template.shape[0])]
+    ranges = []
+    for piece in template.partition(partition):
+        ranges.extend((p.row_start, p.row_end) for p in
+                      (piece.partition(atom) if scheduler == "prophet" else [piece]))
+    return ranges
+
+
+class _Key:
+    """One user key: its atoms, staging buffers, and its latest synchronisation."""
+
+    def __init__(self, key, order: int, shape: tuple[int, ...], dtype, atoms: list[tuple[int, int, int]]):
+        self.key, self.order, self.shape, self.dtype = key, order, shape, dtype
+        self.atoms = atoms  # (row_start, row_end, atom_key)
+        self.starts = [a[0] for a in atoms]
+        self.gstage: mx.nd.NDArray | None = None
+        self.wstage: mx.nd.NDArray | None = None
+        self.last: "_Sync | None" = None
+
+    def atoms_between(self, row_start: int, row_end: int) -> range:
+        lo = bisect.bisect_right(self.starts, row_start) - 1
+        hi = bisect.bisect_left(self.starts, row_end)
+        return range(lo, hi)
+
+
+class _Sync:
+    """One key's synchronisation in one iteration."""
+
+    def __init__(self, key: _Key, outs: list, token: int | None, index: int, iteration: int):
+        self.key, self.outs, self.token = key, outs, token
+        self.task = Task(name=str(key.key), index=index, shape=key.shape,
+                         itemsize=np.dtype(key.dtype).itemsize, iteration=iteration, payload=self)
+        self.state = [_IDLE] * len(key.atoms)
+        self.waiting: list[list[Task]] = [[] for _ in key.atoms]
+        self.sent_count = 0
+        self.all_sent = threading.Event()
+        self.done = threading.Event()  # rows synchronised and copied into ``outs``
+
+
+class ScheduledKVStore(KVStoreBase):
+    def __init__(self, kvstore, settings: Settings | None = None, *, clock=None, probe_workers: int = 4,
+                 idle_close_s: float = IDLE_CLOSE_S) -> None:
+        self.settings = Settings.from_env() if settings is None else settings
+        self._atom = atom_elements(self.settings)
+        self._real = kvstore
+        self.serializations = 2  # a push then a pull cross the link
+        self._lock = threading.RLock()  # the scheduler and every call into the real store
+        self._clock = clock or MonotonicClock()
+        # As in ByteScheduler's PS plugins, only rank 0 schedules; the others send each gradient's
+        # atoms as soon as it is ready. In dist_sync a key's round completes only when every worker
+        # pushed it, so two workers each holding a window of keys the other has not sent yet would
+        # wait for each other forever; rank 0's order becomes the global order instead.
+        local = self.settings if kvstore.rank == 0 else self.settings.replace(scheduler="fifo")
+        self.scheduler = make_scheduler(local, self._clock, self, self._on_done)
+        self._gate = EngineGate()
+        self._keys: dict[Any, _Key] = {}
+        self._next_atom_key = 0
+        self._optimizer = None
+        self._optimizer_keys = -1  # how many atoms the optimizer sent to the servers knows
+        self._pending: dict[int, int] = {}  # id(piece) -> atoms it still waits for
+        self._completed: list[_Sync] = []
+        self._waiters = ThreadPoolExecutor(max_workers=probe_workers, thread_name_prefix="bpp-mx-wait")
+        # Step registration, guarded by _cv.
+        self._cv = threading.Condition()
+        self._iteration = 0
+        self._step: list[_Sync] = []
+        self._step_keys: set = set()
+        self._expected: set | None = None
+        self._last_register = 0.0
+        self._closed_steps: deque[tuple[int, list[_Sync]]] = deque()
+        self._idle_close_s = idle_close_s
+        self._error: BaseException | None = None
+        self._stopping = False
+        self.steps_closed_idle = 0
+        self._probe = threading.Thread(target=self._probe_loop, name="bpp-mx-probe", daemon=True)
+        self._probe.start()
+
+    # -- KVStoreBase surface -------------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        return self._real.type
+
+    @property
+    def rank(self) -> int:
+        return self._real.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._real.num_workers
+
+    @staticmethod
+    def is_capable(capability: str) -> bool:
+        return capability.lower() == KVStoreBase.OPTIMIZER
+
+    def set_optimizer(self, optimizer) -> None:
+        """Kept and sent on the first push, re-keyed from user keys to atom keys."""
+        self._optimizer = optimizer
+        self._optimizer_keys = -1
+        if "dist" not in self.type:
+            self._real.set_optimizer(optimizer)
+            self._optimizer_keys = self._next_atom_key
+
+    def set_gradient_compression(self, compression_params) -> None:
+        raise UserError("ScheduledKVStore: gradient compression is not supported with scheduling")
+
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        self.flush()
+        return self._real.save_optimizer_states(fname, dump_optimizer)
+
+    def load_optimizer_states(self, fname):
+        self.flush()
+        return self._real.load_optimizer_states(fname)
+
+    def _barrier(self):
+        self.flush()
+        return self._real._barrier()
+
+    def __getattr__(self, name):  # anything else (e.g. _set_updater) goes to the real store
+        if name.startswith("__") or name == "_real":
+            raise AttributeError(name)
+        return getattr(self._real, name)
+
+    # -- init / broadcast / pull ---------------------------------------------------------------------
+    def init(self, key, value) -> None:
+        for k, v in zip(*_pairs(key, value)):
+            self._init_one(k, _first(v))
+
+    def broadcast(self, key, value, out, priority=0) -> None:
+        keys, values = _pairs(key, value)
+        outs = _pairs(key, out)[1]
+        for k, v, o in zip(keys, values, outs):
+            self._init_one(k, _first(v))
+            self._pull_one(k, _as_list(o), priority)
+
+    def pull(self, key, out=None, priority=0, ignore_sparse=True) -> None:
+        keys, outs = _pairs(key, out)
+        for k, o in zip(keys, outs):
+            self._pull_one(k, _as_list(o), priority)
+
+    def _init_one(self, key, value: mx.nd.NDArray) -> None:
+        if key in self._keys:
+            raise UserError(f"ScheduledKVStore: key {key!r} initialised twice")
+        shape = tuple(value.shape) or (1,)
+        ranges = atom_rows(shape, self.settings.scheduler, self.settings.partition, self._atom)
+        atoms = []
+        for row_start, row_end in ranges:
+            atoms.append((row_start, row_end, self._next_atom_key))
+            self._next_atom_key += 1
+        entry = _Key(key, len(self._keys), shape, value.dtype, atoms)
+        value = value.reshape(shape)
+        with self._lock:
+            self._real.init([a[2] for a in atoms], [value[a[0]:a[1]] for a in atoms])
+        self._keys[key] = entry
+
+    def _pull_one(self, key, outs: list, priority: int) -> None:
+        entry = self._entry(key)
+        if entry.last is not None:
+            self._wait(entry.last.done)
+        with self._lock:
+            for row_start, row_end, atom_key in entry.atoms:
+                self._real.pull(atom_key, out=[o.reshape(entry.shape)[row_start:row_end] for o in outs],
+                                priority=priority)
+
+    # -- push / pushpull: scheduled ----------------------------------------------------------------------
+    def push(self, key, value, priority=0) -> None:
+        keys, values = _pairs(key, value)
+        for k, v in zip(keys, values):
+            self._register(k, _as_list(v), [], priority)
+
+    def pushpull(self, key, value, out=None, priority=0) -> None:
+        keys, values = _pairs(key, value)
+        outs = values if out is None else _pairs(key, out)[1]
+        for k, v, o in zip(keys, values, outs):
+            self._register(k, _as_list(v), _as_list(o), priority)
+
+    def _register(self, key, values: list, outs: list, priority: int) -> None:
+        self._raise_error()
+        entry = self._entry(key)
+        with self._cv:
+            if key in self._step_keys:  # the same key again: a new step began
+                self._close_step()
+        if entry.last is not None:
+            self._wait(entry.last.all_sent)  # its staging buffer is read by pushes not yet issued
+        self._send_optimizer()
+        if entry.gstage is None:
+            entry.gstage = mx.nd.zeros(entry.shape, ctx=values[0].context, dtype=entry.dtype)
+            entry.wstage = mx.nd.zeros(entry.shape, ctx=values[0].context, dtype=entry.dtype)
+        shaped = [v.reshape(entry.shape) for v in values]
+        if len(shaped) == 1:
+            shaped[0].copyto(entry.gstage)
+        else:
+            mx.nd.add_n(*shaped, out=entry.gstage)
+        token = self._gate.hold(outs) if outs else None
+        index = -priority if priority < 0 else (key if isinstance(key, int) and key >= 0 else entry.order)
+        with self._cv:
+            sync = _Sync(entry, outs, token, index, self._iteration)
+            entry.last = sync
+            self._step.append(sync)
+            self._step_keys.add(key)
+            self._last_register = time.monotonic()
+            if self._expected is not None and self._step_keys >= self._expected:
+                self._close_step()
+            self._cv.notify_all()
+
+    def _send_optimizer(self) -> None:
+        if self._optimizer is None or self._optimizer_keys == self._next_atom_key or "dist" not in self.type:
+            return
+        self.flush()  # re-sending resets server-side state; never with a step in flight
+        opt = copy.copy(self._optimizer)
+        index_of = {}
+        for entry in self._keys.values():
+            user_index = entry.key if isinstance(entry.key, int) else entry.order
+            for _, _, atom_key in entry.atoms:
+                index_of[atom_key] = user_index
+        opt.param_dict = {a: self._optimizer.param_dict[i] for a, i in index_of.items()
+                          if i in self._optimizer.param_dict}
+        opt.idx2name = {a: self._optimizer.idx2name[i] for a, i in index_of.items()
+                        if i in self._optimizer.idx2name}
+        for attr in ("lr_mult", "wd_mult"):
+            table = getattr(self._optimizer, attr)
+            remapped = {k: v for k, v in table.items() if not isinstance(k, int)}
+            remapped.update({a: table[i] for a, i in index_of.items() if i in table})
+            setattr(opt, attr, remapped)
+        with self._lock:
+            self._real.set_optimizer(opt)
+        self._optimizer_keys = self._next_atom_key
+
+    # -- steps and the probe ---------------------------------------------------------------------------
+    def _close_step(self) -> None:  # holds _cv
+        if not self._step:
+            return
+        self._closed_steps.append((self._iteration, self._step))
+        self._expected = set(self._step_keys)
+        self._iteration += 1
+        self._step, self._step_keys = [], set()
+        self._cv.notify_all()
+
+    def _probe_loop(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._closed_steps and not self._stopping:
+                        if self._step:
+                            idle = time.monotonic() - self._last_register
+                            if idle >= self._idle_close_s:
+                                self.steps_closed_idle += 1
+                                self._close_step()
+                                break
+                            self._cv.wait(self._idle_close_s - idle)
+                        else:
+                            self._cv.wait()
+                    if not self._closed_steps:
+                        return
+                    iteration, syncs = self._closed_steps.popleft()
+                for sync in sorted(syncs, key=lambda s: -s.task.index):  # backward order
+                    sync.key.gstage.wait_to_read()
+                    with self._lock:
+                        self.scheduler.post(sync.task)
+                    self._after_lock()
+                with self._lock:
+                    self.scheduler.end_of_backward(iteration)
+                self._after_lock()
+        except BaseException as err:  # surfaced on the next call
+            self._fail(err)
+
+    # -- the transport the scheduler drives --------------------------------------------------------------
+    def send(self, piece: Task) -> None:  # called with _lock held
+        sync: _Sync = piece.root.payload
+        entry = sync.key
+        waiting = 0
+        for j in entry.atoms_between(piece.row_start, piece.row_end):
+            if sync.state[j] == _DONE:
+                continue
+            waiting += 1
+            sync.waiting[j].append(piece)
+            if sync.state[j] == _IDLE:
+                self._issue(sync, j, piece.index)
+        self._pending[id(piece)] = waiting
+        if waiting == 0:
+            del self._pending[id(piece)]
+            self.scheduler.finished(piece)
+
+    def _issue(self, sync: _Sync, j: int, index: int) -> None:
+        entry = sync.key
+        row_start, row_end, atom_key = entry.atoms[j]
+        sync.state[j] = _SENT
+        self._real.push(atom_key, entry.gstage[row_start:row_end], priority=-index)
+        target = entry.wstage[row_start:row_end]
+        self._real.pull(atom_key, out=target, priority=-index)
+        sync.sent_count += 1
+        if sync.sent_count == len(entry.atoms):
+            sync.all_sent.set()
+        self._waiters.submit(self._wait_atom, sync, j, target)
+
+    def _wait_atom(self, sync: _Sync, j: int, target: mx.nd.NDArray) -> None:
+        try:
+            target.wait_to_read()
+            with self._lock:
+                sync.state[j] = _DONE
+                pieces, sync.waiting[j] = sync.waiting[j], []
+                for piece in pieces:
+                    self._pending[id(piece)] -= 1
+                    if self._pending[id(piece)] == 0:
+                        del self._pending[id(piece)]
+                        self.scheduler.finished(piece)
+            self._after_lock()
+        except BaseException as err:
+            self._fail(err)
+
+    def _on_done(self, task: Task) -> None:  # called with _lock held
+        self._completed.append(task.payload)
+
+    def _after_lock(self) -> None:
+        """Copy finished gradients' results into their arrays and open their gates (outside the lock)."""
+        with self._lock:
+            done, self._completed = self._completed, []
+        for sync in done:
+            if sync.token is None:
+                sync.done.set()
+                continue
+            wstage, outs, event = sync.key.wstage, sync.outs, sync.done
+
+            def deliver(wstage=wstage, outs=outs):
+                for out in outs:
+                    copy_raw(wstage, out)
+
+            self._gate.release(sync.token, deliver)
+            event.set()
+
+    # -- waiting, errors, shutdown -------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> None:
+        """Close the current step and wait until everything registered is synchronised."""
+        with self._cv:
+            self._close_step()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for entry in list(self._keys.values()):
+            if entry.last is not None:
+                self._wait(entry.last.done, deadline)
+
+    def _wait(self, event: threading.Event, deadline: float | None = None) -> None:
+        while not event.wait(0.5):
+            self._raise_error()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("ScheduledKVStore: synchronisation did not finish in time")
+        self._raise_error()
+
+    def _fail(self, err: BaseException) -> None:
+        if self._error is None:
+            self._error = err
+            traceback.print_exception(err, file=sys.stderr)
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"ScheduledKVStore: background thread failed: {self._error!r}") from self._error
+
+    def close(self) -> None:
+        self.flush()
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self._probe.join(timeout=5)
+        self._waiters.shutdown(wait=True)
+
+    def _entry(self, key) -> _Key:
+        try:
+            return self._keys[key]
+        except KeyError:
+            raise UserError(f"ScheduledKVStore: key {key!r} was never initialised (call init first)") from None
+
+    @property
+    def atoms(self) -> int:
+        return self._next_atom_key
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _first(value):
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def _pairs(key, value) -> tuple[list, list]:
+    """Normalise (key, value) and ([keys], [values]) to two lists of equal length."""
+    if isinstance(key, (list, tuple)):
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if len(values) != len(key):
+            raise UserError(f"ScheduledKVStore: {len(key)} keys but {len(values)} values")
+        return list(key), values
+    return [key], [value]

@@ -1,0 +1,67 @@
+"""Worker for the multi-process tests: K steps of a small Gluon net on fixed synthetic data, then
+saves the parameters (worker 0) to $BPP_OUT. Knobs: BPP_STEPS, BPP_PLAIN=1 (unwrapped dist_sync
+store), BPP_DIE_AT=step:worker (that worker exits 3 at that step), BPP_UNUSED=1 (a parameter with
+grad_req='null' and a block not in the graph), BPP_ON_KV=0 (optimizer on the worker)."""
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+from byteps_prophet.mxnet import kvstore as skv
+
+steps = int(os.environ.get("BPP_STEPS", "4"))
+rank_env = int(os.environ.get("DMLC_WORKER_ID", "0"))
+mx.random.seed(7)
+np.random.seed(7)
+
+
+class Net(gluon.HybridBlock):
+    def __init__(self, unused=False):
+        super().__init__()
+        self.unused = unused
+        with self.name_scope():
+            self.fc1 = gluon.nn.Dense(300, in_units=64)  # 300 rows: several atoms/partitions
+            self.fc2 = gluon.nn.Dense(200, in_units=300)
+            self.out = gluon.nn.Dense(10, in_units=200)
+            if unused:
+                self.spare = gluon.nn.Dense(50, in_units=64)  # never in the graph
+                self.frozen = self.params.get("frozen", shape=(10,), init=mx.init.One(), grad_req="null")
+
+    def hybrid_forward(self, F, x, **kw):
+        y = self.out(F.relu(self.fc2(F.relu(self.fc1(x)))))
+        if self.unused:
+            y = F.broadcast_add(y, kw["frozen"].reshape((1, 10)))
+        return y
+
+
+net = Net(unused=os.environ.get("BPP_UNUSED") == "1")
+net.initialize(mx.init.Xavier(), ctx=mx.cpu())
+if os.environ.get("BPP_PLAIN") == "1":
+    kv = mx.kv.create("dist_sync")
+else:
+    kv = skv.create("dist_sync")
+on_kv = os.environ.get("BPP_ON_KV", "1") == "1"
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4},
+                        kvstore=kv, update_on_kvstore=on_kv)
+loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+rng = np.random.RandomState(100 + kv.rank)
+die = os.environ.get("BPP_DIE_AT")
+for step in range(steps):
+    if die and int(die.split(":")[1]) == kv.rank and int(die.split(":")[0]) == step:
+        print(f"worker {kv.rank} dying at step {step}", flush=True)
+        os._exit(3)
+    x = mx.nd.array(rng.randn(16, 64))
+    y = mx.nd.array(rng.randint(0, 10, 16))
+    with autograd.record():
+        loss = loss_fn(net(x), y)
+    loss.backward()
+    trainer.step(16, ignore_stale_grad=True)
+mx.nd.waitall()
+if kv.rank == 0 and os.environ.get("BPP_OUT"):
+    params = {k: v.data().asnumpy() for k, v in net.collect_params().items()}
+    np.savez(os.environ["BPP_OUT"], **params)
+if hasattr(kv, "close"):
+    kv.close()
+print("worker", kv.rank, "done", flush=True)
