@@ -39,7 +39,7 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "$want" >"$stamp"
 fi
 
-if [[ ${SKIP_BYTEPS:-0} != 1 ]]; then
+if [[ ${SKIP_BYTEPS:-0} != 1 && -x $ROOT/scripts/build_byteps.sh ]]; then
   "$ROOT/scripts/build_byteps.sh"
 fi
 say "environment ready: $VENV"
