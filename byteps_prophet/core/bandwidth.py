@@ -83,8 +83,11 @@ class BandwidthMonitor:
         if now > sent_at:
             self._rates.append((self._delivered - delivered_at_send) / (now - sent_at))
             self.samples += 1
-        if sent_at < self._last_finish < now:
-            self._service.add(task.nbytes, now - self._last_finish)
+        # The bottleneck spent at most the time since the previous completion on this transfer, and
+        # at most 1/serializations of its time in flight (each byte crosses it that often in turn).
+        service = min(now - self._last_finish, (now - sent_at) / self.serializations)
+        if 0 < service < float("inf"):
+            self._service.add(task.nbytes, service)
         self._last_finish = now
 
     def _fit(self) -> tuple[float, float] | None:

@@ -28,6 +28,8 @@ from byteps_prophet.core.task import Task
 MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
 PACE_LIMITS = (0.5, 2.0)
+WINDOW = 1
+BACKLOG = True
 
 
 class Prophet(ByteScheduler):
@@ -48,6 +50,9 @@ class Prophet(ByteScheduler):
         self._next_block = 0  # first block not completely collected
         self._in_last_block = False
         self._releases: deque[int] = deque()  # collected blocks whose budget is still to be granted
+        self._pending = 0  # bytes queued, not yet sent
+        self._stage_free = [0.0] * self._serializations
+        self._finishes: deque[float] = deque()
 
     # -- events --------------------------------------------------------------------------------------
     def _on_ready(self, task: Task) -> None:
@@ -128,25 +133,60 @@ class Prophet(ByteScheduler):
     def _dispatch_work_conserving(self) -> None:
         self._releases.clear()  # blocks only pace the paper mode
         bandwidth = self.bandwidth.bytes_per_s
-        latency = self.bandwidth.message_cost
-        floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * latency)
-        cap = max(self.settings.max_chunk_bytes or self.settings.partition * 4, floor)
-        while self._queue:
-            chunk = self._chunk_bytes(bandwidth, latency, floor, cap)
-            if self.in_flight_count and self.in_flight_bytes >= self._serializations * chunk:
-                return  # enough in flight to keep the link busy until the next completion
-            self._send(self._cut(self._pop(), chunk))
-
-    def _chunk_bytes(self, bandwidth: float, latency: float, floor: float, cap: float) -> float:
+        cost = self.bandwidth.message_cost
+        floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
+        cap = self.settings.max_chunk_bytes or math.inf
         now = self.clock.now()
-        link_free = now + self.in_flight_bytes / (self._serializations * bandwidth)
+        while self._queue:
+            start = max(now, self._stage_free[0])  # when the first stage of the link can take it
+            if self.in_flight_count and start > self._next_event(now):
+                return  # the link stays busy until an event gives another chance to decide
+            chunk = min(max(self._chunk_bytes(start, bandwidth, cost), floor), cap)
+            piece = self._cut(self._pop(), chunk)
+            self._predict(piece, now, bandwidth, cost)
+            self._send(piece)
+
+    def _chunk_bytes(self, start: float, bandwidth: float, cost: float) -> float:
+        """Bytes for the chunk that starts on the link at ``start``."""
+        end = self._predicted_end()
+        if start < end:
+            next_ready = self._predicted_next_ready()
+            if next_ready is not None and start + self._pending / bandwidth < end:
+                return bandwidth * (next_ready - start - cost)  # done before the next arrival
+            return bandwidth * (end - start - cost)  # backlogged through the end of backward
+        # After the last arrival: balance per-message cost against the delay the last chunk adds.
+        return math.sqrt(self._pending * bandwidth * cost)
+
+    def _predict(self, piece: Task, now: float, bandwidth: float, cost: float) -> None:
+        """Predicted time each stage of the link frees, and the piece's completion (FIFO stages)."""
+        service, done = cost + piece.nbytes / bandwidth, now
+        for j, free in enumerate(self._stage_free):
+            done = self._stage_free[j] = max(free, done) + service
+        self._finishes.append(done)
+
+    def _next_event(self, now: float) -> float:
+        event = self._finishes[0] if self._finishes else math.inf
         next_ready = self._predicted_next_ready()
-        if next_ready is not None:
-            target = bandwidth * (next_ready - link_free)  # finish just before the next arrival
-        else:
-            # After the last arrival: balance per-message cost against the trailing pull.
-            target = math.sqrt(self.pending_bytes * bandwidth * latency)
-        return min(max(target, floor), cap)
+        if next_ready is not None and next_ready > now:
+            event = min(event, next_ready)
+        return max(event, now)
+
+    def _on_finished(self, piece: Task) -> None:
+        super()._on_finished(piece)
+        if self._finishes:
+            self._finishes.popleft()
+
+    def _predicted_end(self) -> float:
+        return self._first_ready + self._pace * self._plan.span
+
+    def _enqueue(self, piece: Task) -> None:
+        self._pending += piece.nbytes
+        super()._enqueue(piece)
+
+    def _pop(self) -> Task:
+        piece = super()._pop()
+        self._pending -= piece.nbytes
+        return piece
 
     def _predicted_next_ready(self) -> float | None:
         if self._upcoming >= len(self._order):
