@@ -53,6 +53,7 @@ class Prophet(ByteScheduler):
         self._pending = 0  # bytes queued, not yet sent
         self._stage_free = [0.0] * self._serializations
         self._finishes: deque[float] = deque()
+        self._drain_chunk: float | None = None
 
     # -- events --------------------------------------------------------------------------------------
     def _on_ready(self, task: Task) -> None:
@@ -83,6 +84,7 @@ class Prophet(ByteScheduler):
             self._order = sorted(offsets, key=lambda i: (offsets[i], -i))
         self._upcoming = 0
         self._pace = 1.0
+        self._drain_chunk = None
         self._next_block = 0
         self._in_last_block = False
         self._releases.clear()
@@ -154,8 +156,14 @@ class Prophet(ByteScheduler):
             if next_ready is not None and start + self._pending / bandwidth < end:
                 return bandwidth * (next_ready - start - cost)  # done before the next arrival
             return bandwidth * (end - start - cost)  # backlogged through the end of backward
-        # After the last arrival: balance per-message cost against the delay the last chunk adds.
-        return math.sqrt(self._pending * bandwidth * cost)
+        # After the last arrival: balance per-message cost against the delay the last chunk adds in
+        # the later stages (none with one stage: splitting only adds messages).
+        # Equal chunks c minimise (P / c) * cost + (serializations - 1) * c / bandwidth for the P
+        # bytes pending when the drain starts.
+        if self._drain_chunk is None:
+            stages = self._serializations - 1
+            self._drain_chunk = math.sqrt(self._pending * bandwidth * cost / stages) if stages else math.inf
+        return self._drain_chunk
 
     def _predict(self, piece: Task, now: float, bandwidth: float, cost: float) -> None:
         """Predicted time each stage of the link frees, and the piece's completion (FIFO stages)."""
@@ -197,6 +205,8 @@ class Prophet(ByteScheduler):
     def _cut(self, piece: Task, nbytes: float) -> Task:
         """The first rows of ``piece`` that fit ``nbytes``; the rest goes back to the queue."""
         row_bytes = piece.row_numel * piece.itemsize
+        if piece.nbytes <= 1.25 * nbytes:
+            return piece
         rows = max(1, int(nbytes // row_bytes))
         if rows >= piece.rows or piece.nbytes <= 1.25 * nbytes:
             return piece
