@@ -2,8 +2,10 @@
 
 Two estimators, both fed only by send and finish events:
 
-* Service times. When a transfer was sent before the previous one finished, it queued behind it,
-  so the time between the two completions is what the bottleneck spent on it. A least-squares line
+* Service times. A FIFO link of ``serializations`` stages (push, pull) spent at most the time since
+  the previous completion on a transfer, and at most 1/serializations of its time in flight; the
+  smaller of the two is exact when the transfer ran alone or is no larger than the one before it
+  (otherwise it may include a bubble in the later stage, and is skipped). A least-squares line
   through recent (bytes, service time) samples gives a per-message cost (intercept) and the
   bandwidth (1 / slope). This sees through queueing, which a busy pipe always has.
 * Delivery rate, as in BBR: bytes delivered while a transfer was in flight over its time in flight;
@@ -69,6 +71,7 @@ class BandwidthMonitor:
         self._rates: deque[float] = deque(maxlen=window // 2)
         self._service = _RunningFit(window)
         self._last_finish = float("-inf")
+        self._last_bytes = 0
         self._cached: tuple[int, tuple[float, float] | None] = (-1, None)
         self.samples = 0
 
@@ -85,10 +88,13 @@ class BandwidthMonitor:
             self.samples += 1
         # The bottleneck spent at most the time since the previous completion on this transfer, and
         # at most 1/serializations of its time in flight (each byte crosses it that often in turn).
+        # Both are exact with one stage, when it ran alone, or when it is no larger than the one
+        # before it; a larger one queued behind a smaller one may also include a pipeline bubble.
         service = min(now - self._last_finish, (now - sent_at) / self.serializations)
-        if 0 < service < float("inf"):
+        exact = self.serializations == 1 or sent_at >= self._last_finish or task.nbytes <= self._last_bytes
+        if exact and 0 < service < float("inf"):
             self._service.add(task.nbytes, service)
-        self._last_finish = now
+        self._last_finish, self._last_bytes = now, task.nbytes
 
     def _fit(self) -> tuple[float, float] | None:
         if self._cached[0] != self.samples:

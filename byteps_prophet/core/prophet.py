@@ -10,11 +10,20 @@ Two modes:
 ``paper``  Section 3 exactly: collect a block, grant it ``gap x bandwidth`` bytes, release the most
            urgent pending partitions while the next one fits, stop at the first that does not; the
            last block (the one holding gradient 0) goes under ByteScheduler's credit.
-``default`` The same prediction, work-conserving: whenever fewer bytes are in flight than keep the link
-           busy, send the most urgent pending bytes, cut to finish just before the next predicted
-           (more urgent) arrival, never below a floor that bounds per-message cost nor above a cap;
-           after the last arrival, the rest most-urgent-first in chunks that balance per-message cost
-           against the pull that trails the last push.
+``default`` The same prediction, work-conserving. The link is modelled as ``serializations`` FIFO
+           stages (push, pull) that each take ``message_cost + bytes / bandwidth`` per piece, both
+           measured by the ``BandwidthMonitor``; the model is re-anchored at every completion.
+           While bytes are pending, send whenever the first stage would free before the next event
+           (completion or predicted arrival) -- the last chance to decide without idling it. The
+           piece is the most urgent pending rows, cut to end on the link:
+           * before the next predicted arrival, when the backlog clears before the predicted end of
+             backward (only then can an arrival waiting behind a chunk delay the next forward);
+           * at the predicted end of backward, when the link is backlogged past it (arrivals until
+             then only reorder a busy link; gradient 0 must not wait behind a long chunk);
+           * after the last arrival, in equal chunks ``c = sqrt(P * bandwidth * cost / (stages-1))``
+             for the ``P`` bytes pending then, which minimise ``(P/c) * cost + (stages-1) * c/bw``
+             (per-message cost against the later stages trailing the last chunk); one stage: whole.
+           never below a floor of ``FLOOR_LATENCIES`` message costs' worth of bytes (overhead <= 25%).
 """
 from __future__ import annotations
 
@@ -28,8 +37,6 @@ from byteps_prophet.core.task import Task
 MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
 PACE_LIMITS = (0.5, 2.0)
-WINDOW = 1
-BACKLOG = True
 
 
 class Prophet(ByteScheduler):
@@ -51,8 +58,11 @@ class Prophet(ByteScheduler):
         self._in_last_block = False
         self._releases: deque[int] = deque()  # collected blocks whose budget is still to be granted
         self._pending = 0  # bytes queued, not yet sent
+        # The link model: when each of its stages frees, when each piece sent finishes (FIFO), and
+        # how far reality runs behind that model, re-anchored at every completion.
         self._stage_free = [0.0] * self._serializations
-        self._finishes: deque[float] = deque()
+        self._finishes: deque[tuple[Task, float]] = deque()
+        self._lag = 0.0
         self._drain_chunk: float | None = None
 
     # -- events --------------------------------------------------------------------------------------
@@ -140,7 +150,7 @@ class Prophet(ByteScheduler):
         cap = self.settings.max_chunk_bytes or math.inf
         now = self.clock.now()
         while self._queue:
-            start = max(now, self._stage_free[0])  # when the first stage of the link can take it
+            start = self._link_free(now)  # when the first stage of the link can take it
             if self.in_flight_count and start > self._next_event(now):
                 return  # the link stays busy until an event gives another chance to decide
             chunk = min(max(self._chunk_bytes(start, bandwidth, cost), floor), cap)
@@ -156,24 +166,27 @@ class Prophet(ByteScheduler):
             if next_ready is not None and start + self._pending / bandwidth < end:
                 return bandwidth * (next_ready - start - cost)  # done before the next arrival
             return bandwidth * (end - start - cost)  # backlogged through the end of backward
-        # After the last arrival: balance per-message cost against the delay the last chunk adds in
-        # the later stages (none with one stage: splitting only adds messages).
-        # Equal chunks c minimise (P / c) * cost + (serializations - 1) * c / bandwidth for the P
-        # bytes pending when the drain starts.
+        # After the last arrival: equal chunks for the bytes pending now (module docstring).
         if self._drain_chunk is None:
             stages = self._serializations - 1
             self._drain_chunk = math.sqrt(self._pending * bandwidth * cost / stages) if stages else math.inf
         return self._drain_chunk
 
     def _predict(self, piece: Task, now: float, bandwidth: float, cost: float) -> None:
-        """Predicted time each stage of the link frees, and the piece's completion (FIFO stages)."""
-        service, done = cost + piece.nbytes / bandwidth, now
+        """Advance the link model by ``piece``: each stage serves it after the previous stage and
+        after the piece before it, for ``cost + bytes / bandwidth``."""
+        service, done, lag = cost + piece.nbytes / bandwidth, now, self._lag
         for j, free in enumerate(self._stage_free):
-            done = self._stage_free[j] = max(free, done) + service
-        self._finishes.append(done)
+            done = max(free + lag, done) + service
+            self._stage_free[j] = done - lag
+        self._finishes.append((piece, done - lag))
+
+    def _link_free(self, now: float) -> float:
+        return max(now, self._stage_free[0] + self._lag)
 
     def _next_event(self, now: float) -> float:
-        event = self._finishes[0] if self._finishes else math.inf
+        """The next completion or predicted arrival: the next chance to decide."""
+        event = self._finishes[0][1] + self._lag if self._finishes else math.inf
         next_ready = self._predicted_next_ready()
         if next_ready is not None and next_ready > now:
             event = min(event, next_ready)
@@ -181,8 +194,11 @@ class Prophet(ByteScheduler):
 
     def _on_finished(self, piece: Task) -> None:
         super()._on_finished(piece)
-        if self._finishes:
-            self._finishes.popleft()
+        for k, (sent, predicted) in enumerate(self._finishes):
+            if sent is piece:  # the head, unless the transport reorders
+                self._lag = self.clock.now() - predicted
+                del self._finishes[k]
+                break
 
     def _predicted_end(self) -> float:
         return self._first_ready + self._pace * self._plan.span
@@ -204,11 +220,10 @@ class Prophet(ByteScheduler):
 
     def _cut(self, piece: Task, nbytes: float) -> Task:
         """The first rows of ``piece`` that fit ``nbytes``; the rest goes back to the queue."""
-        row_bytes = piece.row_numel * piece.itemsize
-        if piece.nbytes <= 1.25 * nbytes:
+        if piece.nbytes <= 1.25 * nbytes:  # also when nbytes is infinite
             return piece
-        rows = max(1, int(nbytes // row_bytes))
-        if rows >= piece.rows or piece.nbytes <= 1.25 * nbytes:
+        rows = max(1, int(nbytes // (piece.row_numel * piece.itemsize)))
+        if rows >= piece.rows:
             return piece
         self._enqueue(piece.slice(piece.row_start + rows, piece.row_end, part=piece.part))
         return piece.slice(piece.row_start, piece.row_start + rows, part=piece.part)

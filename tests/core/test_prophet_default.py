@@ -1,0 +1,127 @@
+"""Prophet's default (work-conserving) mode with a fake clock and an in-memory FIFO link."""
+import heapq
+import itertools
+
+import pytest
+
+from byteps_prophet.core import ByteScheduler, ManualClock, Prophet, Settings, Task
+from byteps_prophet.sim.engine import ClusterSpec, Layer, Simulation
+
+COST = 50e-6
+BANDWIDTH = 1e9  # bytes/s
+
+
+class Loop:
+    """Timed callbacks on a ManualClock."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock()
+        self._heap, self._seq = [], itertools.count()
+
+    def at(self, t, fn, *args):
+        heapq.heappush(self._heap, (t, next(self._seq), fn, args))
+
+    def run_until(self, t_end=float("inf")):
+        while self._heap and self._heap[0][0] <= t_end:
+            t, _, fn, args = heapq.heappop(self._heap)
+            self.clock.set(t)
+            fn(*args)
+
+
+class FifoLink:
+    """In-memory transport: ``serializations`` FIFO stages, each cost + bytes/bandwidth per piece."""
+
+    def __init__(self, loop: Loop, serializations: int = 1) -> None:
+        self.loop, self.serializations = loop, serializations
+        self.free = [0.0] * serializations
+        self.scheduler = None
+        self.sent: list[tuple[float, Task]] = []
+
+    def send(self, task):
+        done = self.loop.clock.now()
+        self.sent.append((done, task))
+        for j, free in enumerate(self.free):
+            done = self.free[j] = max(free, done) + COST + task.nbytes / BANDWIDTH
+        self.loop.at(done, self.scheduler.finished, task)
+
+
+def make(loop, scheduler_cls=Prophet, serializations=1, **settings):
+    link = FifoLink(loop, serializations)
+    scheduler = scheduler_cls(Settings(scheduler=scheduler_cls.name, **settings), loop.clock, link)
+    link.scheduler = scheduler
+    return scheduler, link
+
+
+def test_falls_back_to_credit_without_a_profile():
+    """With no profile yet, the first iteration is sent exactly as ByteScheduler sends it."""
+    keys = []
+    for cls in (ByteScheduler, Prophet):
+        loop = Loop()
+        scheduler, link = make(loop, cls, credit=3_000_000)
+        for i in (3, 2, 1, 0):
+            loop.at(i * 1e-3 * (4 - i), scheduler.post, Task(f"g{i}", i, (2000, 1000)))
+        loop.run_until()
+        keys.append([(round(t, 9), task.key) for t, task in link.sent])
+    assert keys[0] == keys[1]
+    assert scheduler._plan is None
+
+
+def run_iterations(scheduler, loop, arrivals, iterations, period):
+    """Post gradients at fixed offsets (index, offset s, shape) every ``period`` seconds."""
+    for it in range(iterations):
+        t0 = it * period
+        for index, offset, shape in arrivals:
+            loop.at(t0 + offset, scheduler.post, Task(f"g{index}", index, shape, iteration=it))
+        last = max(offset for _, offset, _ in arrivals)
+        loop.at(t0 + last, scheduler.end_of_backward, it)
+    loop.run_until()
+
+
+def test_cuts_a_chunk_to_finish_before_the_next_predicted_arrival():
+    loop = Loop()
+    scheduler, link = make(loop, partition=10**9)  # no pre-partitioning: Prophet alone cuts
+    # A 20 MB gradient, then a small urgent one 10 ms later, then the last 50 ms in: the 20 ms of
+    # backlog clears before the end of backward, so the small one's arrival is worth waiting for.
+    arrivals = [(2, 0.0, (5000, 1000)), (1, 0.010, (10, 1000)), (0, 0.050, (10, 1000))]
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=0.2)
+    assert scheduler._plan is not None
+    last = [(t, task) for t, task in link.sent if task.iteration == 5]
+    t0, first = last[0]
+    assert first.index == 2 and first.rows < 5000  # cut, not sent whole
+    assert first.nbytes == pytest.approx(BANDWIDTH * (0.010 - COST), rel=0.05)
+    ready = t0 + 0.010
+    start_1 = next(t for t, task in last if task.index == 1)
+    assert start_1 - ready < 1e-3  # the urgent one waited less than a millisecond
+    # Every row of every gradient went exactly once.
+    for index, _, shape in arrivals:
+        rows = sorted((task.row_start, task.row_end) for _, task in last if task.index == index)
+        assert rows[0][0] == 0 and rows[-1][1] == shape[0]
+        assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+
+
+def stepwise_layers():
+    shapes = [(64, 27), (64,), (128, 576), (128,), (256, 1152), (256,), (512, 2304), (4096, 4096),
+              (4096,), (1000, 4096), (1000,)]
+    return [Layer(f"l{i}", s, fwd_s=2e-3, bwd_s=(4e-3 if i % 3 == 0 else 1e-4)) for i, s in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("arch, bandwidth", [("ps", 1e9 / 8), ("ps", 25e9 / 8), ("allreduce", 3e9 / 8),
+                                             ("allreduce", 100e9 / 8)])
+def test_never_idles_the_link_while_bytes_are_pending(arch, bandwidth):
+    sim = Simulation(stepwise_layers(), ClusterSpec(workers=4, arch=arch, bandwidth=bandwidth),
+                     Settings(scheduler="prophet"), iterations=12, warmup=4)
+    scheduler, network, loop = sim.scheduler, sim.network, sim.loop
+    first_stage = (lambda: network._up) if arch == "ps" else (lambda: network._free)
+    idle_with_pending = []
+    loop.at(0.0, sim._forward, 0)
+    heap = loop._heap
+    while heap:
+        loop.time, _, callback, arg = heapq.heappop(heap)
+        callback(arg)
+        if heap and heap[0][0] == loop.time:
+            continue  # judge the state once every event at this instant has run
+        if scheduler._queue and first_stage() <= loop.time:
+            idle_with_pending.append(loop.time)
+    assert scheduler._plan is not None  # the default mode was in charge after profiling
+    assert not idle_with_pending
+    assert scheduler._pending == 0 and not scheduler._queue
