@@ -153,6 +153,7 @@ class ScheduledKVStore(KVStoreBase):
         self._error: BaseException | None = None
         self._stopping = False
         self.steps_closed_idle = 0
+        self._blocked = 0
         self._probe = threading.Thread(target=self._probe_loop, name="bpp-mx-probe", daemon=True)
         self._probe.start()
 
@@ -229,8 +230,16 @@ class ScheduledKVStore(KVStoreBase):
             self._next_atom_key += 1
         entry = _Key(key, len(self._keys), shape, value.dtype, atoms)
         value = value.reshape(shape)
+        value.wait_to_read()  # the init push must not wait in the engine (see below)
         with self._lock:
             self._real.init([a[2] for a in atoms], [value[a[0]:a[1]] for a in atoms])
+            if "dist" in self.type:
+                # MXNet 1.9's dist init pushes from rank 0 without waiting for the server, so another
+                # worker's first pull can overtake it and abort the server ("init K first"): let
+                # rank 0's push land, then meet.
+                if self.rank == 0:
+                    mx.nd.waitall()
+                self._real._barrier()
         self._keys[key] = entry
 
     def _pull_one(self, key, outs: list, priority: int) -> None:
@@ -260,8 +269,15 @@ class ScheduledKVStore(KVStoreBase):
         with self._cv:
             if key in self._step_keys:  # the same key again: a new step began
                 self._close_step()
-        if entry.last is not None:
-            self._wait(entry.last.all_sent)  # its staging buffer is read by pushes not yet issued
+        if entry.last is not None and not entry.last.all_sent.is_set():
+            with self._cv:
+                self._blocked += 1  # a registration in progress: the step is not idle
+            try:
+                self._wait(entry.last.all_sent)  # its staging buffer is read by pushes not yet issued
+            finally:
+                with self._cv:
+                    self._blocked -= 1
+                    self._last_register = time.monotonic()
         self._send_optimizer()
         if entry.gstage is None:
             entry.gstage = mx.nd.zeros(entry.shape, ctx=values[0].context, dtype=entry.dtype)
@@ -323,6 +339,9 @@ class ScheduledKVStore(KVStoreBase):
                     while not self._closed_steps and not self._stopping:
                         if self._step:
                             idle = time.monotonic() - self._last_register
+                            if self._blocked:
+                                self._cv.wait(self._idle_close_s)
+                                continue
                             if idle >= self._idle_close_s:
                                 self.steps_closed_idle += 1
                                 self._close_step()
@@ -451,6 +470,18 @@ class ScheduledKVStore(KVStoreBase):
     @property
     def atoms(self) -> int:
         return self._next_atom_key
+
+    def stats(self) -> dict:
+        """What the benchmark reports next to its timings."""
+        sched = self.scheduler
+        out = {"atoms": self._next_atom_key, "keys": len(self._keys), "iterations": self._iteration,
+               "steps_closed_idle": self.steps_closed_idle, "scheduling_rank": self.rank == 0,
+               "bandwidth_Bps": sched.bandwidth.bytes_per_s}
+        profiler = getattr(sched, "profiler", None)
+        if profiler is not None and profiler.profile is not None:
+            out["prophet_blocks"] = len(profiler.profile.blocks)
+            out["prophet_profiles_built"] = profiler.profiles_built
+        return out
 
 
 def _as_list(value) -> list:
