@@ -1,0 +1,81 @@
+"""The backend contract.
+
+An :class:`Op` is one synchronisation: rows ``[row_start, row_end)`` (dim 0) of one gradient of one
+iteration, stored in ``tensor`` (a 2-D, contiguous view of those rows, synchronised in place). A
+backend issues an op asynchronously (``issue`` returns a handle) and ``wait`` blocks until it is done;
+afterwards ``tensor`` holds the average over all workers. ``serializations`` says how often each byte
+crosses the bottleneck link (2 for a parameter server's push then pull, 1 for an all-reduce).
+
+Backends never see the scheduler: the :class:`~byteps_prophet.backends.sync.Synchroniser` calls
+``issue`` in one global order and ``wait`` in the same order, from its own threads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class BackendError(RuntimeError):
+    """Synchronisation failed (a peer died, a collective failed); the message says which and why."""
+
+
+class OrderMismatch(BackendError):
+    """Ranks disagree on what to synchronise next: continuing would corrupt or hang, so stop."""
+
+
+@dataclass(eq=False)
+class Op:
+    name: str  # gradient (parameter) name
+    iteration: int
+    row_start: int
+    row_end: int
+    tensor: Any = None  # the rows to synchronise in place (2-D view)
+    piece: Any = None  # the scheduler's slice task (leader only)
+    seq: int = -1  # position in the global order
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}[{self.row_start}:{self.row_end}]"
+
+    def describe(self) -> list:
+        return [self.name, self.iteration, self.row_start, self.row_end]
+
+
+class Backend:
+    """Base class. Subclasses set ``serializations`` and implement ``issue``/``wait``."""
+
+    name = "base"
+    serializations = 1
+
+    def __init__(self) -> None:
+        self.rank = 0
+        self.size = 1
+
+    def setup(self) -> None:
+        """Connect (called once, from the plugin, before the first op)."""
+
+    def channel(self):
+        """The announcement channel ranks use to agree on the order (None for one worker)."""
+        return None
+
+    def issue(self, op: Op) -> Any:
+        raise NotImplementedError
+
+    def wait(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class LocalBackend(Backend):
+    """One worker, no network: every op is complete as soon as it is issued (tests, single process)."""
+
+    name = "local"
+
+    def issue(self, op: Op) -> Any:
+        return op
+
+    def wait(self, handle: Any) -> None:
+        return None

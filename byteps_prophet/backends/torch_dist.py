@@ -1,0 +1,108 @@
+"""torch.distributed all-reduce: gloo on CPU, NCCL on GPU. Each byte crosses the link once.
+
+Rendezvous: an existing default process group is used as is; otherwise this backend creates one from
+the environment: ``RANK``/``WORLD_SIZE`` (else BytePS's ``DMLC_WORKER_ID``/``DMLC_NUM_WORKER``) and
+``MASTER_ADDR``/``MASTER_PORT`` (rank 0 hosts the store). The order channel lives in the same store
+under its own prefix. ``BYTEPS_PROPHET_TIMEOUT`` (seconds, default 300) bounds every collective: a
+dead peer turns into an error naming the backend, never a hang.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from byteps_prophet.backends.base import Backend, BackendError, Op
+from byteps_prophet.backends.channel import StoreChannel
+from byteps_prophet.errors import ConfigError
+
+
+def env_rank_and_size(environ=None) -> tuple[int, int]:
+    env = os.environ if environ is None else environ
+    rank = env.get("RANK", env.get("DMLC_WORKER_ID", "0"))
+    size = env.get("WORLD_SIZE", env.get("DMLC_NUM_WORKER", "1"))
+    try:
+        rank, size = int(rank), int(size)
+    except ValueError:
+        raise ConfigError(f"RANK={rank!r}/WORLD_SIZE={size!r} are not integers; valid: 0 <= RANK < WORLD_SIZE") from None
+    if not 0 <= rank < size:
+        raise ConfigError(f"RANK={rank} is outside WORLD_SIZE={size}; valid: 0 <= RANK < WORLD_SIZE")
+    return rank, size
+
+
+def timeout_s(environ=None) -> float:
+    env = os.environ if environ is None else environ
+    raw = env.get("BYTEPS_PROPHET_TIMEOUT", "300")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise ConfigError(f"BYTEPS_PROPHET_TIMEOUT={raw!r} is invalid; valid: a positive number of seconds")
+    return value
+
+
+class TorchDistBackend(Backend):
+    serializations = 1
+
+    def __init__(self, kind: str = "gloo", group=None) -> None:
+        super().__init__()
+        self.name = kind
+        self.group = group
+        self._store = None
+        self._owns_group = False
+        self.setup()
+
+    def setup(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            raise ConfigError("torch.distributed is not available in this torch build; valid: backend local")
+        if not dist.is_initialized():
+            rank, size = env_rank_and_size()
+            addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            port = os.environ.get("MASTER_PORT", "29500")
+            if not port.isdigit():
+                raise ConfigError(f"MASTER_PORT={port!r} is invalid; valid: a TCP port number")
+            from byteps_prophet.backends.channel import make_store
+
+            store = make_store(addr, int(port), rank, size, timeout_s())
+            dist.init_process_group(self.name, store=store, rank=rank, world_size=size,
+                                    timeout=timedelta(seconds=timeout_s()))
+            self._owns_group = True
+        self.rank = dist.get_rank(self.group)
+        self.size = dist.get_world_size(self.group)
+        if self.size > 1:
+            base = dist.distributed_c10d._get_default_store()
+            self._store = dist.PrefixStore("bpp-order", base)
+
+    def channel(self):
+        return StoreChannel(self._store) if self._store is not None else None
+
+    def issue(self, op: Op):
+        import torch.distributed as dist
+
+        if self.size == 1:
+            return (op, None)
+        return (op, dist.all_reduce(op.tensor, group=self.group, async_op=True))
+
+    def wait(self, handle) -> None:
+        op, work = handle
+        if work is None:
+            return
+        try:
+            work.wait()
+        except Exception as err:  # noqa: BLE001
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise BackendError(f"rank {self.rank}: all-reduce of {op.key} (iteration {op.iteration}) failed; "
+                               f"a peer died or left? {first}") from None
+        op.tensor.div_(self.size)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self._owns_group and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+            self._owns_group = False

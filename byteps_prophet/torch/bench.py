@@ -1,0 +1,157 @@
+"""Worker side of the A/B runner: train a real model on synthetic data, print one JSON line.
+
+    python -m byteps_prophet.torch.bench --model vgg --batch 16 --steps 20 [--warmup 5]
+        [--backend gloo|byteps|local] [--threads 1] [--width 1.0] [--lr 0.01]
+        [--profile PATH] [--progress] [--tune-credit PROBE_STEPS] [--dump PATH]
+
+Scheduler and knobs come from the environment (``BYTEPS_SCHEDULER``, ``BYTESCHEDULER_*``,
+``PROPHET_*``); rank and world size from ``RANK``/``WORLD_SIZE`` or ``DMLC_WORKER_ID``/
+``DMLC_NUM_WORKER``. Output (stdout, one line per worker)::
+
+    {"samples_per_s": ..., "iter_s": ..., "iter_s_spread": ..., "rank": 0, "world_size": 2,
+     "scheduler": "prophet", "backend": "gloo", "model": "vgg", "batch": 16, "steps": 20}
+
+``samples_per_s`` is the global rate: world_size x batch x steps / time of the timed steps (after
+``--warmup`` untimed ones, ending when every update is applied). With ``--progress`` a line
+``#progress STEP`` goes to stdout after each timed step (the A/B runner changes bandwidth on it).
+With ``--tune-credit P`` the run instead tunes ByteScheduler's credit on rank 0 with
+``CreditTuner`` (each probe: P steps at one credit, first step discarded) and the JSON line carries
+``best_credit`` and ``probes``. Invalid settings exit 2 with one line on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m byteps_prophet.torch.bench")
+    p.add_argument("--model", default="vgg")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--backend", default=None)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--width", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam", "adamw"))
+    p.add_argument("--profile", default=None)
+    p.add_argument("--progress", action="store_true")
+    p.add_argument("--tune-credit", type=int, default=0, metavar="PROBE_STEPS")
+    p.add_argument("--tune-probes", default="6,3", help="random,guided probes for --tune-credit")
+    p.add_argument("--dump", default=None, help="torch.save the final parameters (rank 0) here")
+    p.add_argument("--workers", type=int, default=None, help="accepted for symmetry with the runner")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    from byteps_prophet.errors import UserError
+
+    try:
+        return run(args)
+    except UserError as err:
+        print(f"bench: error: {err}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    from byteps_prophet.core import Settings
+
+    settings = Settings.from_env()  # validate first: a bad value stops the job before any work
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
+    from byteps_prophet.backends import make_backend
+    from byteps_prophet.torch import DistributedOptimizer, broadcast_parameters
+    from byteps_prophet.torch.models import build, synthetic_batch
+    from byteps_prophet.torch.optimizer import default_backend_name
+
+    backend = make_backend(args.backend or default_backend_name())
+    torch.manual_seed(0)
+    model = build(args.model, args.width)
+    if backend.name in ("gloo", "nccl"):
+        broadcast_parameters(model.state_dict(), root_rank=0)
+    elif backend.name == "byteps":
+        import byteps.torch as bps
+
+        bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    x, y, loss_fn = synthetic_batch(args.model, model, args.batch, seed=1000 + backend.rank)
+    make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=args.lr, momentum=0.9),
+            "adam": lambda ps: torch.optim.Adam(ps, lr=args.lr),
+            "adamw": lambda ps: torch.optim.AdamW(ps, lr=args.lr)}[args.optimizer]
+    opt = DistributedOptimizer(make(model.parameters()), model.named_parameters(), settings=settings,
+                               backend=backend, profile_path=args.profile, model_name=args.model,
+                               batch_size=args.batch)
+
+    def one_step():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(args.warmup):
+        one_step()
+    opt.synchronize()
+    out = {"rank": backend.rank, "world_size": backend.size, "scheduler": settings.scheduler,
+           "backend": backend.name, "model": args.model, "batch": args.batch}
+    if args.tune_credit:
+        out.update(tune(opt, one_step, args, backend))
+    else:
+        marks = [time.monotonic()]
+        for step in range(args.steps):
+            one_step()
+            marks.append(time.monotonic())
+            if args.progress and backend.rank == 0:
+                print(f"#progress {step + 1}", flush=True)
+        opt.synchronize()
+        marks[-1] = time.monotonic()
+        elapsed = marks[-1] - marks[0]
+        iters = [b - a for a, b in zip(marks, marks[1:])]
+        q = statistics.quantiles(iters, n=4) if len(iters) >= 2 else [iters[0]] * 3
+        out.update(samples_per_s=backend.size * args.batch * args.steps / elapsed, iter_s=elapsed / args.steps,
+                   iter_s_median=statistics.median(iters), iter_s_spread=q[2] - q[0], steps=args.steps)
+        if opt.scheduler is not None and opt.scheduler.bandwidth.known:
+            out["bandwidth_Bps"] = opt.scheduler.bandwidth.bytes_per_s
+    opt.close()
+    if args.dump and backend.rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.dump)
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def tune(opt, one_step, args, backend) -> dict:
+    """Rank 0 tunes the credit with CreditTuner; every rank runs the same number of steps."""
+    from byteps_prophet.core.tuning import CreditTuner
+
+    random_probes, guided = (int(v) for v in args.tune_probes.split(","))
+    total = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    lo = max(opt._bpp.settings.partition // 4, 65_536)
+    hi = max(total, 4 * lo)
+    tuner = CreditTuner((lo, hi), random_probes=random_probes, guided_probes=guided)
+    probes = []
+    while not tuner.done:
+        credit = tuner.suggest()
+        if backend.rank == 0:
+            with opt._bpp.lock:
+                opt.scheduler.set_credit(credit)
+        one_step()  # transition step, not scored
+        opt.synchronize()
+        t0 = time.monotonic()
+        for _ in range(args.tune_credit):
+            one_step()
+        opt.synchronize()
+        mean = (time.monotonic() - t0) / args.tune_credit
+        tuner.observe(credit, mean)
+        probes.append([credit, mean])
+    return {"best_credit": tuner.best, "probes": probes, "credit_bounds": [lo, hi]}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,585 @@
+"""The PyTorch plugin: timing probe, scheduled synchronisation, layer-wise update and overlap.
+
+``DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step)`` takes the
+same arguments as ``byteps.torch.DistributedOptimizer`` and returns an object of a subclass of the
+optimizer's own class that shares its parameter groups and state. Per iteration:
+
+1. **Timing probe.** A post-accumulate-grad hook on every parameter fires when its gradient is ready
+   (after the last of ``backward_passes_per_step`` passes), stamps it, records it in the profile (when
+   one is asked for) and posts a :class:`~byteps_prophet.core.Task` to the scheduler
+   (``BYTEPS_SCHEDULER``). An autograd end-of-pass callback calls ``end_of_backward``, so no block
+   ever waits for a gradient that does not come (unused or frozen parameters).
+2. **Scheduled synchronisation.** The scheduler (rank 0's; the other ranks follow its announced order,
+   see :mod:`byteps_prophet.backends.sync`) starts slices; the backend synchronises them in place.
+3. **Layer-wise update.** When every row of a gradient is synchronised, that parameter alone is
+   stepped by the user's optimizer class (a shallow twin holding one parameter and sharing state and
+   hyper-parameters, re-read at each step so LR schedulers work), on the completion thread.
+4. **Layer-wise overlap.** ``step()`` returns at once; a global forward pre-hook makes each module's
+   next forward wait only for its own parameters' updates. ``zero_grad()`` defers the zeroing of a
+   parameter whose update is still pending to just after that update.
+
+Failures on any thread (a dead peer, an order mismatch) are raised in the training thread at the
+next hook, forward, ``step()`` or ``synchronize()``.
+
+Environment (besides the scheduler's): ``BYTEPS_PROPHET_BACKEND`` (gloo|nccl|byteps|local),
+``BYTEPS_PROPHET_PROFILE`` (write the recorded profile there; ``{rank}`` is replaced, otherwise only
+rank 0 writes), ``BYTEPS_PROPHET_OVERLAP=0`` (``step()`` waits for every update: needed when
+parameters are used outside their module's forward), ``BYTEPS_PROPHET_LAYERWISE=0`` (no per-parameter
+update: ``step()`` waits for synchronisation, then steps the whole optimizer; use it for gradient
+clipping between ``synchronize()`` and ``step()``).
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import time
+import weakref
+from typing import Any, Iterable
+
+import torch
+
+from byteps_prophet.backends import Backend, make_backend
+from byteps_prophet.backends.base import BackendError, Op
+from byteps_prophet.backends.sync import Synchroniser
+from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
+from byteps_prophet.errors import ConfigError
+from byteps_prophet.torch.compression import Compression
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+                torch.float64: "float64"}
+WAIT_SLICE = 1.0  # seconds between checks for a failure while waiting
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; valid: 0, 1")
+
+
+def default_backend_name() -> str:
+    name = os.environ.get("BYTEPS_PROPHET_BACKEND", "").strip().lower()
+    if name:
+        return name
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return "nccl" if dist.get_backend() == "nccl" else "gloo"
+    if os.environ.get("DMLC_ROLE") == "worker":
+        return "byteps"
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return "gloo"
+    return "local"
+
+
+class _Param:
+    __slots__ = ("name", "index", "param", "group", "twin", "pending", "zero_after", "payload", "ctx",
+                 "rows_left", "posted_iteration")
+
+    def __init__(self, name, index, param, group, twin):
+        self.name, self.index, self.param, self.group, self.twin = name, index, param, group, twin
+        self.pending = False  # synchronisation or update outstanding
+        self.zero_after: bool | None = None  # zero_grad(set_to_none) deferred until after the update
+        self.payload = None  # the 2-D tensor on the wire
+        self.ctx = None  # compression context
+        self.rows_left = 0  # follower bookkeeping
+        self.posted_iteration = -1
+
+
+class _Engine:
+    """Everything behind one DistributedOptimizer. Scheduler calls are serialised by ``lock``."""
+
+    def __init__(self, opt: torch.optim.Optimizer, base_cls: type, named: list[tuple[str, torch.nn.Parameter]],
+                 compression, bpps: int, settings: Settings, backend: Backend, profile_path: str | None,
+                 model_name: str, batch_size: int, overlap: bool, layerwise: bool) -> None:
+        self.opt, self.base_cls = opt, base_cls
+        self.compression = compression
+        self.bpps = bpps
+        self.settings = settings
+        self.backend = backend
+        self.overlap = overlap and layerwise
+        self.layerwise = layerwise
+        self.lock = threading.Lock()  # the scheduler's lock
+        self.cond = threading.Condition()  # update state (pending flags, errors)
+        self.error: BaseException | None = None
+        self.clock = MonotonicClock()
+        self.iteration = 0
+        self._passes = 0
+        self._callback_queued = False
+        self._backward_ended = False
+        self._outstanding: dict[int, int] = {}
+        self._ends_sent: set[int] = set()
+        self._pending_count = 0
+        self.closed = False
+
+        group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
+        self.params: list[_Param] = []
+        self.by_id: dict[int, _Param] = {}
+        self.by_name: dict[str, _Param] = {}
+        for name, p in named:
+            if not p.requires_grad or id(p) in self.by_id:
+                continue
+            if id(p) not in group_of:
+                raise ConfigError(f"named_parameters: {name!r} is not in the optimizer's parameter groups; "
+                                  f"valid: parameters the optimizer was built with")
+            if name in self.by_name:
+                raise ConfigError(f"named_parameters: duplicate name {name!r}; valid: unique names")
+            entry = _Param(name, len(self.params), p, group_of[id(p)], self._twin(opt, group_of[id(p)], p))
+            self.params.append(entry)
+            self.by_id[id(p)] = entry
+            self.by_name[name] = entry
+
+        self.leader = backend.rank == 0
+        self.scheduler = make_scheduler(settings, self.clock, self, self._on_done) if self.leader else None
+        self.serializations = backend.serializations  # the Transport contract
+        self._done: list[_Param] = []
+        self.sync = Synchroniser(backend, self._on_op_finished, self._on_error)
+
+        self._hooks = [entry.param.register_post_accumulate_grad_hook(self._make_hook(entry))
+                       for entry in self.params]
+        self._recorder = None
+        self._profile_path = profile_path
+        self._fwd_stack: list[list] = []
+        self._unattributed = 0.0
+        self._iter_open = False
+        self._last_forward_end = None
+        if profile_path:
+            from byteps_prophet.profile import ProfileRecorder
+
+            tensors = [(e.name, tuple(e.param.shape) or (1,), _DTYPE_NAMES.get(e.param.dtype, "float32"))
+                       for e in self.params]
+            self._recorder = ProfileRecorder(tensors, model=model_name, framework="pytorch", batch=batch_size,
+                                             device=str(self.params[0].param.device) if self.params else "cpu",
+                                             world_size=backend.size, warmup=2,
+                                             meta={"scheduler": settings.scheduler, "backend": backend.name,
+                                                   "rank": backend.rank})
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self._global_hooks = [register_module_forward_pre_hook(self._pre_forward)]
+        if self._recorder is not None:
+            self._global_hooks.append(register_module_forward_hook(self._post_forward))
+
+    # -- the per-parameter twin optimizer ------------------------------------------------------------
+    def _twin(self, opt, group, p):
+        twin = object.__new__(self.base_cls)
+        twin.__dict__.update(opt.__dict__)
+        twin.param_groups = [dict(group, params=[p])]
+        return twin
+
+    # -- hooks (training thread) ---------------------------------------------------------------------
+    def _make_hook(self, entry: _Param):
+        engine_ref = weakref.ref(self)
+
+        def hook(param):
+            engine = engine_ref()
+            if engine is not None and not engine.closed:
+                engine._gradient_ready(entry)
+        return hook
+
+    def _gradient_ready(self, entry: _Param) -> None:
+        self.raise_if_failed()
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_pass_done)
+            self._callback_queued = True
+        if self._passes + 1 < self.bpps:
+            return  # accumulate locally; synchronise after the last pass
+        self._post(entry)
+
+    def _post(self, entry: _Param) -> None:
+        if entry.posted_iteration == self.iteration:
+            return
+        if entry.pending:
+            self._wait_for([entry])  # the previous update must land before a new gradient is sent
+        now = self.clock.now()
+        grad = entry.param.grad
+        if grad is None:
+            return
+        entry.posted_iteration = self.iteration
+        wire, ctx = self.compression.compress(grad)
+        if not wire.is_contiguous():
+            wire = wire.contiguous()
+        rows = wire.shape[0] if wire.dim() > 0 else 1
+        entry.payload = wire.reshape(rows, -1)
+        entry.ctx = ctx
+        entry.rows_left = rows
+        with self.cond:
+            entry.pending = True
+            self._pending_count += 1
+        if self._recorder is not None:
+            self._ensure_iteration_open(now)
+            if not self._bwd_marked:
+                start = self._last_forward_end if self._last_forward_end is not None else now
+                self._recorder.backward_start(max(start, self._iter_begin))
+                self._bwd_start, self._bwd_marked = max(start, self._iter_begin), True
+            self._recorder.gradient_ready(entry.name, max(now, self._bwd_start))
+        with self.lock:
+            self._outstanding[self.iteration] = self._outstanding.get(self.iteration, 0) + 1
+            if self.leader:
+                task = Task(entry.name, entry.index, tuple(wire.shape) or (1,), wire.element_size(),
+                            self.iteration, payload=entry)
+                self.scheduler.post(task)
+        if not self.leader:
+            self.sync.local_ready(self.iteration, entry.name, entry.payload)
+
+    def _backward_pass_done(self) -> None:
+        self._callback_queued = False
+        self._passes += 1
+        if self._passes >= self.bpps:
+            self._end_backward()
+
+    def _end_backward(self) -> None:
+        if self._backward_ended:
+            return
+        iteration = self.iteration
+        with self.lock:
+            self._backward_ended = True
+            if self.leader:
+                self.scheduler.end_of_backward(iteration)
+                self._maybe_end_iteration(iteration)
+        if not self.leader:
+            self.sync.local_end_of_backward(iteration)
+
+    def _maybe_end_iteration(self, iteration: int) -> None:
+        """Leader, under lock: once backward is over and every gradient is done, tell the followers."""
+        if iteration in self._ends_sent:
+            return
+        if self._outstanding.get(iteration, 0) == 0 and (iteration < self.iteration or self._backward_ended):
+            self._outstanding.pop(iteration, None)
+            self._ends_sent.add(iteration)
+            self._ends_sent.discard(iteration - 8)
+            self.sync.end_iteration(iteration)
+
+    # -- the Transport contract (called by the scheduler, under lock) ---------------------------------
+    def send(self, piece: Task) -> None:
+        entry: _Param = piece.root.payload
+        op = Op(piece.name, piece.iteration, piece.row_start, piece.row_end,
+                entry.payload[piece.row_start:piece.row_end], piece=piece)
+        self.sync.submit(op)
+
+    def _on_done(self, task: Task) -> None:
+        self._done.append(task.root.payload)
+        self._outstanding[task.iteration] -= 1
+        if task.iteration < self.iteration or self._backward_ended:
+            self._maybe_end_iteration(task.iteration)
+
+    # -- completions (waiter thread) -------------------------------------------------------------------
+    def _on_op_finished(self, op: Op) -> None:
+        if self.leader:
+            with self.lock:
+                self.scheduler.finished(op.piece)
+                done, self._done = self._done, []
+        else:
+            entry = self.by_name[op.name]
+            entry.rows_left -= op.row_end - op.row_start
+            done = [entry] if entry.rows_left == 0 else []
+            if entry.rows_left < 0:
+                raise BackendError(f"rank {self.backend.rank}: rows of {op.name!r} synchronised twice")
+        for entry in done:
+            self._synchronised(entry)
+
+    def _synchronised(self, entry: _Param) -> None:
+        p = entry.param
+        if entry.ctx is not None or entry.payload.data_ptr() != (p.grad.data_ptr() if p.grad is not None else -1):
+            restored = self.compression.decompress(entry.payload.reshape(p.grad.shape), entry.ctx)
+            p.grad.copy_(restored)
+        entry.payload = entry.ctx = None
+        if self.layerwise:
+            twin_group = entry.twin.param_groups[0]
+            for key, value in entry.group.items():
+                if key != "params":
+                    twin_group[key] = value
+            self.base_cls.step(entry.twin)
+        with self.cond:
+            if entry.zero_after is not None:
+                _zero(p, entry.zero_after)
+                entry.zero_after = None
+            entry.pending = False
+            self._pending_count -= 1
+            self.cond.notify_all()
+
+    def _on_error(self, err: BaseException) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = err
+            self.cond.notify_all()
+
+    # -- waiting -------------------------------------------------------------------------------------------
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise BackendError(str(self.error))
+
+    def _wait_for(self, entries: Iterable[_Param]) -> None:
+        entries = list(entries)
+        with self.cond:
+            while True:
+                if self.error is not None:
+                    raise BackendError(str(self.error))
+                if not any(e.pending for e in entries):
+                    return
+                self.cond.wait(WAIT_SLICE)
+
+    def wait_all(self) -> None:
+        with self.cond:
+            while self._pending_count and self.error is None:
+                self.cond.wait(WAIT_SLICE)
+        self.raise_if_failed()
+
+    def _pre_forward(self, module, args):
+        if self._recorder is not None and not self.closed:
+            now = self.clock.now()
+            if self._iteration_end_pending:
+                self._close_profile_iteration(now)
+                self._iteration_end_pending = False
+            self._ensure_iteration_open(now)
+            self._fwd_stack.append([module, now, 0.0])
+        if self._pending_count == 0 or self.closed:
+            if self.error is not None and not self.closed:
+                self.raise_if_failed()
+            return None
+        waiting = [self.by_id[id(p)] for p in module._parameters.values()
+                   if p is not None and id(p) in self.by_id]
+        if waiting:
+            self._wait_for(waiting)
+        return None
+
+    def _post_forward(self, module, args, output):
+        if not self._fwd_stack:
+            return None
+        now = self.clock.now()
+        mod, start, children = self._fwd_stack.pop()
+        duration = now - start
+        if self._fwd_stack:
+            self._fwd_stack[-1][2] += duration
+        else:
+            self._last_forward_end = now
+        exclusive = max(0.0, duration - children) + self._unattributed
+        first = next((self.by_id[id(p)] for p in mod._parameters.values()
+                      if p is not None and id(p) in self.by_id), None)
+        if first is None:
+            self._unattributed = exclusive
+        else:
+            self._unattributed = 0.0
+            if self._iter_open:
+                self._recorder.forward_time(first.name, exclusive)
+        return None
+
+    # -- profile ------------------------------------------------------------------------------------------
+    _bwd_start = 0.0
+    _iter_begin = 0.0
+    _bwd_marked = False
+    _iteration_end_pending = False
+
+    def _ensure_iteration_open(self, now: float) -> None:
+        if self._iter_open:
+            return
+        self._recorder.begin_iteration(now)
+        self._bwd_start = self._iter_begin = now
+        self._bwd_marked = False
+        self._last_forward_end = None
+        self._iter_open = True
+
+    def _close_profile_iteration(self, now: float) -> None:
+        if self._recorder is None or not self._iter_open:
+            return
+        bandwidth = None
+        if self.scheduler is not None and self.scheduler.bandwidth.known:
+            bandwidth = self.scheduler.bandwidth.bytes_per_s
+        self._recorder.end_iteration(now, bandwidth_Bps=bandwidth)
+        self._iter_open = False
+
+    def save_profile(self, path: str | None = None) -> str | None:
+        path = path or self._profile_path
+        if self._recorder is None or not path or self._recorder.iterations_recorded == 0:
+            return None
+        if "{rank}" in path:
+            path = path.replace("{rank}", str(self.backend.rank))
+        elif self.backend.rank != 0:
+            return None
+        self._recorder.profile().save(path)
+        return path
+
+    # -- step -----------------------------------------------------------------------------------------------
+    def finish_backward(self) -> None:
+        """Make sure this iteration's gradients are all posted and its backward pass is closed."""
+        self.raise_if_failed()
+        if 0 < self._passes < self.bpps:  # step() before the last accumulation pass: synchronise what there is
+            for entry in self.params:
+                if entry.param.grad is not None:
+                    self._post(entry)
+        self._end_backward()
+
+    def step_done(self) -> None:
+        if self._recorder is not None and self._iter_open:
+            self._iteration_end_pending = True
+        self.iteration += 1
+        self._passes = 0
+        self._backward_ended = False
+        with self.lock:
+            if self.leader:
+                for it in [it for it in self._outstanding if it < self.iteration]:
+                    self._maybe_end_iteration(it)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if self.error is None:
+                self.wait_all()
+        finally:
+            self.closed = True
+            for h in self._hooks + self._global_hooks:
+                h.remove()
+            self.sync.close()
+            try:
+                self.save_profile()
+            finally:
+                self.backend.close()
+
+
+def _zero(p: torch.Tensor, set_to_none: bool) -> None:
+    if p.grad is None:
+        return
+    if set_to_none:
+        p.grad = None
+    else:
+        if p.grad.grad_fn is not None:
+            p.grad.detach_()
+        else:
+            p.grad.requires_grad_(False)
+        p.grad.zero_()
+
+
+class _DistributedMixin:
+    """Overrides mixed in front of the user's optimizer class."""
+
+    _bpp: _Engine
+
+    def step(self, closure=None):
+        engine = self._bpp
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        engine.finish_backward()
+        if not engine.layerwise:
+            engine.wait_all()
+            engine.base_cls.step(self)
+        elif not engine.overlap:
+            engine.wait_all()
+        engine.step_done()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True):
+        engine = self._bpp
+        with engine.cond:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    entry = engine.by_id.get(id(p))
+                    if entry is not None and entry.pending:
+                        entry.zero_after = set_to_none
+                    else:
+                        _zero(p, set_to_none)
+
+    def synchronize(self):
+        """Wait until every gradient posted so far is synchronised (and, layer-wise, applied)."""
+        self._bpp.finish_backward()
+        self._bpp.wait_all()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        yield
+
+    def state_dict(self):
+        self._bpp.wait_all()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict):
+        self._bpp.wait_all()
+        super().load_state_dict(state_dict)
+        for entry in self._bpp.params:  # the twins share the (new) state
+            entry.twin.state = self.state
+            group = next(g for g in self.param_groups if any(p is entry.param for p in g["params"]))
+            entry.group = group
+
+    def close(self):
+        """Wait for outstanding work, remove the hooks, write the profile, leave the process group."""
+        self._bpp.close()
+
+    def save_profile(self, path: str | None = None) -> str | None:
+        return self._bpp.save_profile(path)
+
+    @property
+    def scheduler(self):
+        return self._bpp.scheduler
+
+
+_LIVE: "weakref.WeakSet[_Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for engine in list(_LIVE):
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001 - at exit, nothing to report to
+            pass
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step: int = 1, *, scheduler: str | None = None,
+                         settings: Settings | None = None, backend: str | Backend | None = None,
+                         profile_path: str | None = None, model_name: str = "model", batch_size: int = 1,
+                         overlap: bool | None = None, layerwise: bool | None = None, **ignored: Any):
+    """A drop-in for ``byteps.torch.DistributedOptimizer`` scheduled by FIFO, ByteScheduler or Prophet.
+
+    ``scheduler``/``settings`` override ``BYTEPS_SCHEDULER`` and friends; ``backend`` overrides
+    ``BYTEPS_PROPHET_BACKEND``; ``profile_path`` overrides ``BYTEPS_PROPHET_PROFILE``. Extra BytePS
+    keyword arguments (e.g. ``staleness``) are accepted and ignored.
+    """
+    if settings is None:
+        settings = Settings.from_env()
+    if scheduler is not None:
+        settings = settings.replace(scheduler=scheduler.strip().lower())
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ConfigError(f"backward_passes_per_step={backward_passes_per_step!r} is invalid; valid: an integer >= 1")
+    if named_parameters is None:
+        named = [(f"param.{i}.{j}", p) for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])]
+    else:
+        named = list(named_parameters)
+    if isinstance(optimizer, _DistributedMixin):
+        raise ConfigError("DistributedOptimizer: this optimizer is already distributed; valid: a torch.optim optimizer")
+    if backend is None or isinstance(backend, str):
+        backend = make_backend(backend or default_backend_name())
+    if profile_path is None:
+        profile_path = os.environ.get("BYTEPS_PROPHET_PROFILE") or None
+    overlap = _env_flag("BYTEPS_PROPHET_OVERLAP", True) if overlap is None else overlap
+    layerwise = _env_flag("BYTEPS_PROPHET_LAYERWISE", True) if layerwise is None else layerwise
+
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedMixin, base), {"__module__": __name__})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    engine = _Engine(wrapped, base, named, compression, backward_passes_per_step, settings, backend,
+                     profile_path, model_name, batch_size, overlap, layerwise)
+    wrapped._bpp = engine
+    _LIVE.add(engine)
+    return wrapped
+
+
+def broadcast_parameters(params, root_rank: int = 0) -> None:
+    """Make every rank's parameters (a state_dict or named_parameters) equal to ``root_rank``'s."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    items = params.items() if hasattr(params, "items") else params
+    with torch.no_grad():
+        for _, tensor in sorted(items, key=lambda kv: kv[0]):
+            if torch.is_tensor(tensor):
+                dist.broadcast(tensor.data if hasattr(tensor, "data") else tensor, src=root_rank)
