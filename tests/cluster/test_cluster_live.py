@@ -255,7 +255,7 @@ def test_timeout_stops_everything(leftovers):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 124, err
     assert "timed out after 2s" in err
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 30  # the issue: within 30 s
 
 
 def test_ctrl_c_tears_everything_down(leftovers):
