@@ -31,9 +31,10 @@ from byteps_prophet.errors import UserError
 BACKENDS = ("kvstore", "byteps")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    from byteps_prophet.mxnet.models import MODELS
+MODELS = ("resnet18", "resnet50", "vgg", "vgg16", "transformer")  # = models.MODELS, without importing mxnet
 
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m byteps_prophet.mxnet.bench",
                                      description="MXNet worker benchmark (prints one JSON line on worker 0).")
     parser.add_argument("--model", default="resnet18", choices=MODELS, help="model (default resnet18)")

@@ -1,0 +1,172 @@
+"""The scheduled MXNet KVStore.
+
+Fast tests: atom grids, settings errors, the engine gate. Slow tests start a real ps-lite job
+(scheduler, server, two workers) on 127.0.0.1 with a free port via ``byteps_prophet.mxnet.launch``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mxnet")
+
+from byteps_prophet.core import Settings  # noqa: E402
+from byteps_prophet.errors import ConfigError  # noqa: E402
+from byteps_prophet.mxnet.engine import EngineGate, copy_raw  # noqa: E402
+from byteps_prophet.mxnet.kvstore import atom_elements, atom_rows  # noqa: E402
+from byteps_prophet.mxnet.launch import run_local  # noqa: E402
+
+WORKER = str(Path(__file__).with_name("worker_train.py"))
+SCHEDULERS = ("fifo", "bytescheduler", "prophet")
+
+
+# -- fast ---------------------------------------------------------------------------------------------
+def test_atoms_cover_rows_once_and_follow_the_scheduler():
+    shape = (1000, 300)  # 300 k elements
+    assert atom_rows(shape, "fifo", 100_000, 25_000) == [(0, 1000)]
+    bs = atom_rows(shape, "bytescheduler", 100_000, 25_000)
+    assert len(bs) == 3
+    ph = atom_rows(shape, "prophet", 100_000, 25_000)
+    assert 12 <= len(ph) <= 13  # 333-row partitions: 4 atoms; the 334-row one: 5
+    for grid in (bs, ph):
+        assert grid[0][0] == 0 and grid[-1][1] == 1000
+        assert all(a[1] == b[0] for a, b in zip(grid, grid[1:]))
+    # every ByteScheduler boundary is a Prophet boundary
+    assert {s for s, _ in bs} <= {s for s, _ in ph}
+
+
+def test_bench_model_list_matches():
+    from byteps_prophet.mxnet import bench, models
+    assert bench.MODELS == models.MODELS
+
+
+def test_atom_env_validated():
+    s = Settings()
+    assert atom_elements(s, {}) == s.partition // 4
+    assert atom_elements(s, {"PROPHET_MXNET_ATOM_ELEMENTS": "5000"}) == 5000
+    with pytest.raises(ConfigError, match="PROPHET_MXNET_ATOM_ELEMENTS"):
+        atom_elements(s, {"PROPHET_MXNET_ATOM_ELEMENTS": "x"})
+
+
+def test_invalid_scheduler_is_one_line_error():
+    env = dict(os.environ, BYTEPS_SCHEDULER="bogus")
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--steps", "1"], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "BYTEPS_SCHEDULER='bogus'" in lines[0] and "prophet" in lines[0]
+
+
+def test_bench_help_documents_the_arguments():
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--help"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0
+    for flag in ("--model", "--steps", "--batch", "--backend", "--warmup", "--json-out"):
+        assert flag in proc.stdout
+
+
+def test_gate_holds_readers_until_released_and_copies_under_it():
+    gate = EngineGate()
+    weight = mx.nd.ones((64, 64))
+    staged = mx.nd.full((64, 64), 3.0)
+    staged.wait_to_read()
+    token = gate.hold([weight])
+    doubled = weight * 2  # pushed after the gate: must see the released value
+    threading.Timer(0.3, lambda: gate.release(token, lambda: copy_raw(staged, weight))).start()
+    t0 = time.monotonic()
+    assert float(doubled.sum().asscalar()) == 64 * 64 * 6
+    assert time.monotonic() - t0 >= 0.25
+    assert gate.open_gates == 0
+
+
+def test_gate_released_before_it_starts():
+    gate = EngineGate()
+    w = mx.nd.zeros((4,))
+    busy = mx.nd.random.uniform(shape=(800, 800))
+    for _ in range(5):
+        busy = mx.nd.dot(busy, busy) / 800
+    w2 = w + busy[0, :4] * 0  # keeps w's var busy... via a reader
+    token = gate.hold([w])
+    src = mx.nd.full((4,), 7.0)
+    src.wait_to_read()
+    gate.release(token, lambda: copy_raw(src, w))
+    assert w.asnumpy().tolist() == [7.0] * 4
+    w2.wait_to_read()
+
+
+# -- slow: real ps-lite jobs ---------------------------------------------------------------------------
+def _train(tmp_path, tag, scheduler, **extra) -> tuple:
+    out = tmp_path / f"{tag}.npz"
+    env = {"BPP_OUT": str(out), "BPP_STEPS": "8", "BYTESCHEDULER_PARTITION": "5000",
+           "PROPHET_MXNET_ATOM_ELEMENTS": "1000", "BYTESCHEDULER_CREDIT": "12000", **extra}
+    if scheduler == "plain":
+        env["BPP_PLAIN"] = "1"
+    else:
+        env["BYTEPS_SCHEDULER"] = scheduler
+    result = run_local([sys.executable, WORKER], workers=2, servers=1, env=env, timeout=150)
+    assert result.ok, (result.reason, {k: v[-20:] for k, v in result.output.items()})
+    return dict(np.load(out)), result
+
+
+def _assert_same(a: dict, b: dict, tol=1e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=tol, err_msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("on_kv", ["1", "0"])
+def test_parameters_equal_under_all_schedulers(tmp_path, on_kv):
+    """dist_sync + Gluon Trainer: K steps give the same parameters with FIFO, ByteScheduler, Prophet
+    (partitions and Prophet's finer atoms exercised), and the same as the unwrapped store."""
+    results = {s: _train(tmp_path, s, s, BPP_ON_KV=on_kv)[0] for s in ("plain", *SCHEDULERS)}
+    for s in SCHEDULERS:
+        _assert_same(results["plain"], results[s])
+    # training moved the parameters
+    assert any(np.abs(v).sum() > 0 for v in results["fifo"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_unused_parameters_do_not_hang(tmp_path):
+    """A grad_req='null' parameter and a block outside the graph: no hang, same values as FIFO."""
+    fifo, _ = _train(tmp_path, "fifo", "fifo", BPP_UNUSED="1")
+    prophet, result = _train(tmp_path, "prophet", "prophet", BPP_UNUSED="1")
+    _assert_same(fifo, prophet)
+    assert result.elapsed < 120
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_dead_worker_ends_the_run_naming_it(tmp_path):
+    env = {"BYTEPS_SCHEDULER": "prophet", "BPP_STEPS": "50", "BPP_DIE_AT": "3:1"}
+    t0 = time.monotonic()
+    result = run_local([sys.executable, WORKER], workers=2, env=env, timeout=120)
+    assert result.returncode == 3
+    assert result.failed.startswith("worker-")
+    assert any("dying at step 3" in line for line in result.lines(result.failed))
+    assert time.monotonic() - t0 < 100
+    assert "exited with status 3" in result.reason
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_prints_one_json_line(tmp_path):
+    import json
+    result = run_local([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--model", "transformer",
+                        "--steps", "3", "--warmup", "2", "--batch", "2"],
+                       workers=2, env={"BYTEPS_SCHEDULER": "prophet"}, timeout=240)
+    assert result.ok, result.reason
+    lines = [l for lines in result.output.values() for l in lines if l.startswith("{")]
+    assert len(lines) == 1
+    data = json.loads(lines[0])
+    assert data["scheduler"] == "prophet" and data["framework"] == "mxnet" and len(data["step_s"]) == 3
+    assert data["samples_per_s"] > 0
