@@ -90,7 +90,7 @@ mapfile -t SERIES_PATCHES < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$SERIES" 
 for p in "${SERIES_PATCHES[@]}"; do
   [[ -f "$PATCHES/$p" ]] || die "patches/series lists $p, which does not exist"
 done
-say "${#SERIES_PATCHES[@]} patches: ${SERIES_PATCHES[*]}"
+say "${#SERIES_PATCHES[@]} patches in patches/series"
 KEY=$( {
   echo "recipe=$RECIPE sdist=$SDIST_SHA256 versions=$VERSIONS nvidia=${NVIDIA_PKGS[*]}"
   for p in "${SERIES_PATCHES[@]}"; do echo "== $p"; cat "$PATCHES/$p"; done
