@@ -138,7 +138,7 @@ class Synchroniser:
                 self._cond.wait(1.0)
             missing = self._posted.pop(iteration, set()) - self._announced.pop(iteration, set())
             self._ended.discard(iteration)
-            for key in [k for k in self._local if k[0] <= iteration]:
+            for key in [k for k in self._local if k[0] == iteration]:
                 del self._local[key]
         if missing:
             raise OrderMismatch(

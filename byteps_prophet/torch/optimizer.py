@@ -114,6 +114,7 @@ class _Engine:
         self._callback_queued = False
         self._backward_ended = False
         self._outstanding: dict[int, int] = {}
+        self._posted_this_iteration = False
         self._ends_sent: set[int] = set()
         self._pending_count = 0
         self.closed = False
@@ -201,6 +202,7 @@ class _Engine:
         if grad is None:
             return
         entry.posted_iteration = self.iteration
+        self._posted_this_iteration = True
         wire, ctx = self.compression.compress(grad)
         if not wire.is_contiguous():
             wire = wire.contiguous()
@@ -408,6 +410,8 @@ class _Engine:
     def finish_backward(self) -> None:
         """Make sure this iteration's gradients are all posted and its backward pass is closed."""
         self.raise_if_failed()
+        if self._passes == 0 and not self._posted_this_iteration:
+            return  # no backward pass since the last step: nothing to close
         if 0 < self._passes < self.bpps:  # step() before the last accumulation pass: synchronise what there is
             for entry in self.params:
                 if entry.param.grad is not None:
@@ -418,6 +422,7 @@ class _Engine:
         if self._recorder is not None and self._iter_open:
             self._iteration_end_pending = True
         self.iteration += 1
+        self._posted_this_iteration = False
         self._passes = 0
         self._backward_ended = False
         with self.lock:

@@ -1,0 +1,88 @@
+"""Two worker processes on loopback, torch.distributed gloo: exact equality across schedulers and with
+one process on the averaged batch; a dead worker ends the run, named."""
+import os
+import sys
+
+import pytest
+import torch
+
+from models_for_tests import build, data
+from byteps_prophet.torch.launch import run_workers
+
+HERE = os.path.dirname(__file__)
+WORKER = [sys.executable, os.path.join(HERE, "worker.py")]
+SLICING = {"BYTESCHEDULER_PARTITION": "64", "PROPHET_MAX_CHUNK_BYTES": "256", "PROPHET_PROFILE_ITERATIONS": "2",
+           "BYTEPS_PROPHET_TIMEOUT": "60"}
+
+
+def reference(model_name, optname, steps, workers=2, bpps=1):
+    """One process, one optimizer, the gradient of the mean loss over every worker's batch."""
+    torch.manual_seed(0)
+    model = build(model_name)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+           "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+           "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)}[optname](params)
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(bpps):
+            for rank in range(workers):
+                x, y = data(model_name, rank, step, micro)
+                (torch.nn.functional.mse_loss(model(x), y) / (bpps * workers)).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def launch(tmp_path, scheduler, optname, steps, model_name="mlp", extra=None, timeout=240):
+    out = tmp_path / f"{scheduler}-{optname}-{model_name}.pt"
+    env = dict(SLICING, BYTEPS_SCHEDULER=scheduler, **(extra or {}))
+    result = run_workers(WORKER + [str(out), str(steps), optname, model_name], 2, env=env, timeout=timeout)
+    return result, out
+
+
+def assert_same(a, b, tol=1e-6):
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=tol, rtol=0), (k, (a[k] - b[k]).abs().max().item())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("optname", ["sgd", "adam"])
+def test_schedulers_equal_fifo_and_single_process(tmp_path, optname):
+    steps = 5
+    ref = reference("mlp", optname, steps)
+    results = {}
+    for scheduler in ("fifo", "bytescheduler", "prophet"):
+        result, out = launch(tmp_path, scheduler, optname, steps)
+        assert result.ok, (scheduler, result.reason, result.output)
+        results[scheduler] = torch.load(out)
+    for scheduler, params in results.items():
+        assert_same(params, results["fifo"])
+        assert_same(params, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_unused_frozen_and_accumulation_across_workers(tmp_path):
+    ref = reference("unused", "adamw", 4, bpps=2)
+    result, out = launch(tmp_path, "prophet", "adamw", 4, model_name="unused", extra={"BPPS": "2"})
+    assert result.ok, (result.reason, result.output)
+    assert_same(torch.load(out), ref)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_many_tensors_across_workers(tmp_path):
+    ref = reference("many", "sgd", 3)
+    result, out = launch(tmp_path, "prophet", "sgd", 3, model_name="many")
+    assert result.ok, (result.reason, result.output)
+    assert_same(torch.load(out), ref)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dead_worker_ends_the_run_named(tmp_path):
+    result, _ = launch(tmp_path, "prophet", "sgd", 50, extra={"DIE_AT_STEP": "3"}, timeout=200)
+    assert not result.ok
+    assert result.returncode != 124, "the run hung until the timeout"
+    assert "worker-1" in result.reason and "SIGKILL" in result.reason, result.reason

@@ -1,0 +1,131 @@
+"""One process, local backend: the plugin's bookkeeping, exactness and edge cases, fast."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from models_for_tests import build, data
+from byteps_prophet.profile import load_profile
+from byteps_prophet.torch import DistributedOptimizer
+
+SCHEDULERS = ("fifo", "bytescheduler", "prophet")
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+}
+# Small partitions so ByteScheduler and Prophet really cut gradients into slices.
+SLICING = dict(partition=64, max_chunk_bytes=256)
+
+
+def train(model_name, optname, scheduler, steps=6, bpps=1, **kw):
+    from byteps_prophet.core import Settings
+
+    model = build(model_name)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = OPTIMIZERS[optname]([p for _, p in params])
+    if scheduler is not None:
+        settings = Settings(scheduler=scheduler, partition=SLICING["partition"],
+                            max_chunk_bytes=SLICING["max_chunk_bytes"], profile_iterations=2)
+        opt = DistributedOptimizer(opt, params, backward_passes_per_step=bpps, settings=settings,
+                                   backend="local", **kw)
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(bpps):
+            x, y = data(model_name, 0, step, micro)
+            (torch.nn.functional.mse_loss(model(x), y) / bpps).backward()
+        opt.step()
+    if scheduler is not None:
+        opt.synchronize()
+        opt.close()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same(a, b, tol=1e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=tol, rtol=0), (k, (a[k] - b[k]).abs().max().item())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("optname", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_matches_plain_optimizer(scheduler, optname):
+    assert_same(train("mlp", optname, scheduler), train("mlp", optname, None))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_unused_frozen_and_zero_dim_parameters(scheduler):
+    ref = train("unused", "sgd", None)
+    got = train("unused", "sgd", scheduler)
+    assert_same(got, ref)
+    fresh = build("unused")
+    assert torch.equal(got["unused.weight"], fresh.unused.weight)  # never updated
+    assert torch.equal(got["frozen.weight"], fresh.frozen.weight)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_gradient_accumulation(scheduler):
+    assert_same(train("mlp", "adam", scheduler, bpps=3), train("mlp", "adam", None, bpps=3))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scheduler", ("bytescheduler", "prophet"))
+def test_more_than_a_thousand_tensors(scheduler):
+    model = build("many")
+    assert len(list(model.parameters())) > 1000
+    assert_same(train("many", "sgd", scheduler, steps=4), train("many", "sgd", None, steps=4))
+
+
+@pytest.mark.timeout(120)
+def test_profile_is_written_and_valid(tmp_path):
+    path = tmp_path / "profile.json"
+    train("mlp", "sgd", "prophet", steps=8, profile_path=str(path), batch_size=8)
+    profile = load_profile(path)
+    assert profile.framework == "pytorch" and profile.batch == 8
+    assert len(profile.iterations) >= 3  # 8 steps - 2 warm-up - the last (never closed)
+    ready = profile.median_ready_s()
+    assert all(r is not None for r in ready)
+    assert ready[0] >= ready[-1]  # the first layer's gradient is ready last
+    assert profile.iteration_s and profile.iteration_s > 0
+
+
+@pytest.mark.timeout(120)
+def test_state_dict_round_trip_keeps_training_equal():
+    model = build("mlp")
+    opt = DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), model.named_parameters(),
+                               scheduler="prophet", backend="local")
+    x, y = data("mlp", 0, 0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    state = opt.state_dict()
+    assert len(state["state"]) == len(list(model.parameters()))
+    opt.load_state_dict(state)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.close()
+
+
+@pytest.mark.timeout(120)
+def test_invalid_scheduler_is_one_line(tmp_path):
+    env = {"BYTEPS_SCHEDULER": "lifo", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.torch.bench", "--model", "mlp", "--steps", "1"],
+                          env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "BYTEPS_SCHEDULER='lifo'" in lines[0] and "fifo, bytescheduler, prophet" in lines[0]
+
+
+def test_invalid_scheduler_raises_config_error():
+    from byteps_prophet.errors import ConfigError
+
+    model = build("mlp")
+    with pytest.raises(ConfigError, match="valid: fifo, bytescheduler, prophet"):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                             scheduler="lifo", backend="local")
