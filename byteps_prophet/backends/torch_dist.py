@@ -65,6 +65,10 @@ class TorchDistBackend(Backend):
                 raise ConfigError(f"MASTER_PORT={port!r} is invalid; valid: a TCP port number")
             from byteps_prophet.backends.channel import make_store
 
+            if self.name == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and os.environ.get("DMLC_INTERFACE"):
+                # In the cluster's namespaces the hostname resolves to loopback; use the host's link.
+                os.environ["GLOO_SOCKET_IFNAME"] = os.environ["DMLC_INTERFACE"]
+
             store = make_store(addr, int(port), rank, size, timeout_s())
             dist.init_process_group(self.name, store=store, rank=rank, world_size=size,
                                     timeout=timedelta(seconds=timeout_s()))

@@ -1,0 +1,58 @@
+"""``byteps-prophet ab``: the interleaved A/B of FIFO, ByteScheduler (default and tuned) and Prophet."""
+from __future__ import annotations
+
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("ab", help="real-training A/B of the schedulers on the local cluster",
+                              description="Run FIFO, ByteScheduler (default and tuned credit) and Prophet "
+                                          "interleaved on real training in the local cluster; see docs/AB.md.")
+    p.add_argument("--framework", default="torch", help="torch or mxnet (default torch)")
+    p.add_argument("--backend", default=None, help="torch: gloo|byteps; mxnet: kvstore|byteps (default gloo / kvstore)")
+    p.add_argument("--model", default="vgg", help="resnet, vgg, transformer (default vgg)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--bandwidth", default="1gbit", help="per link and direction, tc units (default 1gbit)")
+    p.add_argument("--bandwidth-schedule", default="",
+                   help="comma-separated rates applied by tc during each run, evenly spaced in steps, e.g. "
+                        "'200mbit,1gbit' with --bandwidth 1gbit gives 1gbit -> 200mbit -> 1gbit")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--width", type=float, default=1.0, help="model width multiplier (torch)")
+    p.add_argument("--threads", type=int, default=1, help="compute threads per worker (torch)")
+    p.add_argument("--no-tune", action="store_true", help="skip the tuned-credit ByteScheduler variant")
+    p.add_argument("--tune-steps", type=int, default=3, help="steps per tuning probe")
+    p.add_argument("--tune-probes", default="6,3", help="random,guided tuning probes")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument("--no-netns", action="store_true", help="plain loopback (no shaping)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--plot", default=None, metavar="PNG")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from byteps_prophet.ab.runner import ABConfig, ABRunner, format_table, plot
+
+    backend = args.backend or ("gloo" if args.framework == "torch" else "kvstore")
+    cfg = ABConfig(framework=args.framework, backend=backend, model=args.model, workers=args.workers,
+                   bandwidth=args.bandwidth, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
+                   batch=args.batch, width=args.width, threads=args.threads,
+                   bandwidth_schedule=[s.strip() for s in args.bandwidth_schedule.split(",") if s.strip()],
+                   tune=not args.no_tune, tune_probe_steps=args.tune_steps, tune_probes=args.tune_probes,
+                   timeout=args.timeout, netns=False if args.no_netns else None)
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        tqdm = None
+    summary = ABRunner(cfg, progress=tqdm).run()
+    if args.plot:
+        plot(summary, args.plot)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(format_table(summary))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0

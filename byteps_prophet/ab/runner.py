@@ -1,0 +1,271 @@
+"""The A/B runner: FIFO, ByteScheduler (default and tuned credit) and Prophet, interleaved, on real
+training in the local cluster. See docs/AB.md.
+
+One *run* = one cluster job: every worker runs ``python -m byteps_prophet.<framework>.bench`` with the
+same arguments and one scheduler, and worker-0 prints one JSON line with ``samples_per_s``. Runs are
+interleaved: each round runs every variant once, in an order rotated from round to round, on the same
+cluster (same namespaces and links), so slow drift of the machine hits all variants alike. Before the
+rounds, one tuning run finds ByteScheduler's best credit with ``CreditTuner`` (Bayesian optimisation
+over short probes inside one job, on rank 0, at the starting bandwidth).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from byteps_prophet.errors import UserError
+
+VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
+BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
+GLOO_COMPOSE = Path(__file__).with_name("gloo-compose.yml")
+GLOO_PORT = 29511
+
+
+@dataclass
+class ABConfig:
+    framework: str = "torch"
+    backend: str = "gloo"
+    model: str = "vgg"
+    workers: int = 2
+    bandwidth: str = "1gbit"
+    steps: int = 20
+    rounds: int = 3
+    warmup: int = 5
+    batch: int = 16
+    width: float = 1.0
+    threads: int = 1
+    bandwidth_schedule: list[str] = field(default_factory=list)  # e.g. ["200mbit", "1gbit"]: at 1/3, 2/3
+    tune: bool = True
+    tune_probe_steps: int = 3
+    tune_probes: str = "6,3"
+    timeout: float = 900.0
+    netns: bool | None = None
+    variants: tuple[str, ...] = VARIANTS
+
+    def validate(self) -> None:
+        if self.framework not in BACKENDS:
+            raise UserError(f"--framework {self.framework!r} is invalid; valid: {', '.join(BACKENDS)}")
+        if self.backend not in BACKENDS[self.framework]:
+            raise UserError(f"--backend {self.backend!r} does not go with --framework {self.framework}; "
+                            f"valid: {', '.join(BACKENDS[self.framework])}")
+        for name in ("workers", "steps", "rounds", "batch"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name} {getattr(self, name)} is invalid; valid: an integer >= 1")
+        if self.workers < 2:
+            raise UserError(f"--workers {self.workers} is invalid; valid: an integer >= 2 (A/B needs communication)")
+        try:
+            from byteps_prophet.units import parse_bandwidth
+        except ImportError:  # older layout
+            from byteps_prophet.cluster.units import parse_bandwidth
+
+        for rate in [self.bandwidth, *self.bandwidth_schedule]:
+            parse_bandwidth(rate)  # raises a one-line error naming the value
+
+
+def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False) -> list[str]:
+    backend = cfg.backend
+    argv = [sys.executable, "-m", f"byteps_prophet.{cfg.framework}.bench", "--model", cfg.model,
+            "--batch", str(cfg.batch), "--steps", str(cfg.steps), "--warmup", str(cfg.warmup),
+            "--backend", backend, "--workers", str(cfg.workers)]
+    if cfg.framework == "torch":
+        argv += ["--threads", str(cfg.threads), "--width", str(cfg.width)]
+    if progress:
+        argv.append("--progress")
+    if tune:
+        argv += ["--tune-credit", str(cfg.tune_probe_steps), "--tune-probes", cfg.tune_probes]
+    return argv
+
+
+def variant_env(variant: str, tuned_credit: int | None) -> dict[str, str]:
+    env = {"BYTEPS_SCHEDULER": "bytescheduler" if variant.startswith("bytescheduler") else variant}
+    if variant == "bytescheduler_tuned":
+        if tuned_credit is None:
+            raise UserError("bytescheduler_tuned needs a tuned credit; run with tuning on")
+        env["BYTESCHEDULER_CREDIT"] = str(int(tuned_credit))
+    return env
+
+
+def parse_result(lines: list[str]) -> dict | None:
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            if "samples_per_s" in data or "best_credit" in data:
+                return data
+    return None
+
+
+class ABRunner:
+    def __init__(self, cfg: ABConfig, progress=None, log=None) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.progress = progress
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        self.runs: list[dict] = []
+        self.tuning: dict | None = None
+        self.warnings: list[str] = []
+
+    # -- cluster ---------------------------------------------------------------------------------------
+    def _cluster(self):
+        from byteps_prophet.cluster import Cluster, ClusterSpec
+
+        cfg = self.cfg
+        engine = {"gloo": "mxnet", "kvstore": "mxnet", "byteps": "byteps"}[cfg.backend]
+        compose = GLOO_COMPOSE if cfg.backend == "gloo" else None
+        spec = ClusterSpec(workers=cfg.workers, servers=1, bandwidth=cfg.bandwidth, engine=engine,
+                           compose=compose, netns=cfg.netns, grace=1.0)
+        return Cluster(spec, output=False, warn=self._warn)
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        self.log(message if message.startswith("warning") else f"warning: {message}")
+
+    def _env(self, cluster, variant: str) -> dict[str, str]:
+        env = variant_env(variant, self.tuning and self.tuning.get("best_credit"))
+        if self.cfg.backend in ("gloo", "byteps"):
+            env["MASTER_ADDR"] = cluster.host("worker-0").address
+            env["MASTER_PORT"] = str(GLOO_PORT if cluster.use_netns else _free_port())
+        env["BYTEPS_PROPHET_TIMEOUT"] = str(int(min(self.cfg.timeout, 600)))
+        return env
+
+    def _one(self, cluster, variant: str, tune: bool = False) -> dict:
+        cfg = self.cfg
+        schedule = list(cfg.bandwidth_schedule) if not tune else []
+        changes: list[tuple[float, str]] = []
+        if schedule and cluster.use_netns:
+            cluster.set_bandwidth(cfg.bandwidth)
+        thresholds = [max(1, round(cfg.steps * (k + 1) / (len(schedule) + 1))) for k in range(len(schedule))]
+        lock = threading.Lock()
+        started = time.monotonic()
+
+        def sink(role: str, line: str) -> None:
+            if not schedule or role != "worker-0" or not line.startswith("#progress"):
+                return
+            step = int(line.split()[1])
+            with lock:
+                while schedule and thresholds and step >= thresholds[0]:
+                    rate = schedule.pop(0)
+                    thresholds.pop(0)
+                    if cluster.use_netns:
+                        cluster.set_bandwidth(rate)
+                    changes.append((round(time.monotonic() - started, 3), rate))
+
+        command = bench_command(cfg, progress=bool(cfg.bandwidth_schedule) and not tune, tune=tune)
+        result = cluster.run(command, env=self._env(cluster, variant), timeout=cfg.timeout, output=sink)
+        if cfg.bandwidth_schedule and cluster.use_netns:
+            cluster.set_bandwidth(cfg.bandwidth)
+        data = parse_result(result.output.get("worker-0", []))
+        if not result.ok or data is None:
+            tail = " | ".join(line for line in result.output.get(result.failed or "worker-0", [])[-3:])
+            raise UserError(f"{variant} run failed: {result.reason}; last output: {tail[-400:]}")
+        data.update(variant=variant, elapsed_s=result.elapsed, bandwidth_changes=changes)
+        return data
+
+    # -- the experiment ---------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg = self.cfg
+        variants = [v for v in cfg.variants if v != "bytescheduler_tuned" or cfg.tune]
+        total = len(variants) * cfg.rounds + (1 if cfg.tune else 0)
+        bar = self.progress(total=total, desc="ab", unit="run") if self.progress else None
+        with self._cluster() as cluster:
+            self.netns = bool(cluster.use_netns)
+            if not cluster.use_netns:
+                self._warn("network namespaces unavailable: plain loopback processes, bandwidth NOT applied")
+            if cfg.tune:
+                if bar:
+                    bar.set_postfix_str("tuning credit")
+                self.tuning = self._one(cluster, "bytescheduler", tune=True)
+                if bar:
+                    bar.update()
+            for r in range(cfg.rounds):
+                order = variants[r % len(variants):] + variants[:r % len(variants)]
+                for variant in order:
+                    if bar:
+                        bar.set_postfix_str(f"round {r + 1}/{cfg.rounds}: {variant}")
+                    data = self._one(cluster, variant)
+                    data["round"] = r
+                    self.runs.append(data)
+                    if bar:
+                        bar.update()
+        if bar:
+            bar.close()
+        return self.summary()
+
+    def summary(self) -> dict:
+        results = {}
+        for variant in dict.fromkeys(run["variant"] for run in self.runs):
+            rates = [run["samples_per_s"] for run in self.runs if run["variant"] == variant]
+            results[variant] = {"samples_per_s": statistics.median(rates), "spread": max(rates) - min(rates),
+                                "min": min(rates), "max": max(rates), "runs": rates}
+        speedups = {}
+        for a, b in (("prophet", "fifo"), ("prophet", "bytescheduler"), ("prophet", "bytescheduler_tuned"),
+                     ("bytescheduler", "fifo"), ("bytescheduler_tuned", "fifo")):
+            if a in results and b in results:
+                ratios = []
+                for r in sorted({run["round"] for run in self.runs}):
+                    ra = [x["samples_per_s"] for x in self.runs if x["variant"] == a and x["round"] == r]
+                    rb = [x["samples_per_s"] for x in self.runs if x["variant"] == b and x["round"] == r]
+                    if ra and rb:
+                        ratios.append(ra[0] / rb[0])
+                speedups[f"{a}/{b}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                                        "of_medians": results[a]["samples_per_s"] / results[b]["samples_per_s"]}
+        cfg = asdict(self.cfg)
+        cfg["variants"] = list(cfg["variants"])
+        return {"config": cfg, "netns": getattr(self, "netns", None), "results": results, "speedups": speedups,
+                "tuning": self.tuning, "warnings": self.warnings, "runs": self.runs}
+
+
+def _free_port() -> int:
+    from byteps_prophet.torch.launch import free_port
+
+    return free_port()
+
+
+def format_table(summary: dict) -> str:
+    cfg = summary["config"]
+    head = (f"A/B {cfg['framework']}/{cfg['backend']} {cfg['model']} x{cfg['workers']} workers, batch {cfg['batch']}, "
+            f"{cfg['bandwidth']}" + (f" -> {' -> '.join(cfg['bandwidth_schedule'])}" if cfg["bandwidth_schedule"] else "")
+            + f", {cfg['steps']} steps x {cfg['rounds']} rounds" + ("" if summary.get("netns") else " (LOOPBACK, unshaped)"))
+    lines = [head, f"{'scheduler':<22}{'samples/s (median)':>20}{'spread (max-min)':>18}{'vs fifo':>9}"]
+    fifo = summary["results"].get("fifo", {}).get("samples_per_s")
+    for name, res in summary["results"].items():
+        ratio = f"{res['samples_per_s'] / fifo:.3f}x" if fifo else "-"
+        lines.append(f"{name:<22}{res['samples_per_s']:>20.2f}{res['spread']:>18.2f}{ratio:>9}")
+    if summary.get("tuning"):
+        t = summary["tuning"]
+        lines.append(f"tuned credit: {t.get('best_credit')} elements ({len(t.get('probes', []))} probes, "
+                     f"bounds {t.get('credit_bounds')})")
+    for key, s in summary["speedups"].items():
+        lines.append(f"speedup {key:<34} median of per-round ratios {s['median']:.3f}x "
+                     f"(min {s['min']:.3f}, max {s['max']:.3f})")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary["results"])
+    med = [summary["results"][n]["samples_per_s"] for n in names]
+    lo = [m - summary["results"][n]["min"] for n, m in zip(names, med)]
+    hi = [summary["results"][n]["max"] - m for n, m in zip(names, med)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(names, med, yerr=[lo, hi], capsize=6, color=["#888", "#59c", "#37a", "#d62"][: len(names)])
+    cfg = summary["config"]
+    ax.set_ylabel("samples/s (median, min-max)")
+    ax.set_title(f"{cfg['model']} {cfg['framework']}/{cfg['backend']} x{cfg['workers']} @ {cfg['bandwidth']}"
+                 + (" -> " + " -> ".join(cfg["bandwidth_schedule"]) if cfg["bandwidth_schedule"] else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
