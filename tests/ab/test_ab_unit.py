@@ -1,0 +1,60 @@
+"""A/B runner pieces that need no cluster."""
+import json
+
+import pytest
+
+from byteps_prophet.ab.runner import ABConfig, ABRunner, bench_command, format_table, parse_result, plot, variant_env
+from byteps_prophet.errors import UserError
+
+
+def test_variant_env():
+    assert variant_env("fifo", None) == {"BYTEPS_SCHEDULER": "fifo"}
+    assert variant_env("bytescheduler", 5) == {"BYTEPS_SCHEDULER": "bytescheduler"}
+    assert variant_env("bytescheduler_tuned", 123) == {"BYTEPS_SCHEDULER": "bytescheduler", "BYTESCHEDULER_CREDIT": "123"}
+    with pytest.raises(UserError):
+        variant_env("bytescheduler_tuned", None)
+
+
+def test_parse_result_takes_the_json_line():
+    lines = ["#progress 1", "noise {", json.dumps({"samples_per_s": 12.5, "rank": 0}), "trailing"]
+    assert parse_result(lines)["samples_per_s"] == 12.5
+    assert parse_result(["nothing"]) is None
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(framework="jax"), "--framework"),
+    (dict(framework="torch", backend="kvstore"), "--backend"),
+    (dict(framework="mxnet", backend="gloo"), "--backend"),
+    (dict(workers=1), "--workers"),
+    (dict(bandwidth="100"), "100"),
+])
+def test_config_errors_are_one_line(kwargs, match):
+    with pytest.raises(UserError, match=match) as err:
+        ABConfig(**kwargs).validate()
+    assert "\n" not in str(err.value)
+
+
+def test_bench_command_contract():
+    cfg = ABConfig(framework="mxnet", backend="kvstore", model="resnet", steps=7, batch=4)
+    argv = bench_command(cfg)
+    assert argv[1:3] == ["-m", "byteps_prophet.mxnet.bench"]
+    assert argv[argv.index("--steps") + 1] == "7" and argv[argv.index("--backend") + 1] == "kvstore"
+    assert "--progress" in bench_command(ABConfig(), progress=True)
+
+
+def test_summary_table_and_plot(tmp_path):
+    runner = ABRunner.__new__(ABRunner)
+    runner.cfg = ABConfig(rounds=2)
+    runner.tuning = {"best_credit": 1000, "probes": [[1000, 0.1]], "credit_bounds": [1, 2]}
+    runner.warnings = []
+    runner.runs = [{"variant": v, "round": r, "samples_per_s": s}
+                   for r, row in enumerate([(100, 110, 115, 130), (90, 100, 120, 126)])
+                   for v, s in zip(("fifo", "bytescheduler", "bytescheduler_tuned", "prophet"), row)]
+    summary = runner.summary()
+    assert summary["results"]["fifo"]["samples_per_s"] == 95
+    assert summary["results"]["prophet"]["spread"] == 4
+    assert summary["speedups"]["prophet/bytescheduler"]["median"] == pytest.approx((130 / 110 + 126 / 100) / 2)
+    json.dumps(summary)
+    assert "prophet" in format_table(summary)
+    plot(summary, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 1000
