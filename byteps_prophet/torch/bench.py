@@ -81,6 +81,7 @@ def run(args) -> int:
         import byteps.torch as bps
 
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
+        bps.push_pull(torch.zeros(1), name="bpp.bench.barrier")  # every worker is up before timing
     x, y, loss_fn = synthetic_batch(args.model, model, args.batch, seed=1000 + backend.rank)
     make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=args.lr, momentum=0.9),
             "adam": lambda ps: torch.optim.Adam(ps, lr=args.lr),
