@@ -2,10 +2,11 @@
 
 * ``resnet``: a CIFAR-style ResNet-18 (BasicBlocks 2-2-2-2, widths 64-512, 11.2 M parameters) on
   32x32 images: compute-heavy per byte.
-* ``vgg``: a VGG-style network (conv 3x3 stacks + two 2048-wide fully connected layers, 12.9 M
-  parameters) on 32x32 images: most bytes in the last layers, little compute: communication-bound.
+* ``vgg``: a VGG-style network (conv 3x3 stacks + two 2048-wide fully connected layers, 10.6 M
+  parameters) on 32x32 images: most bytes in the last layers, little compute:
+  communication-bound.
 * ``transformer``: a small GPT-style language model (4 layers, d=256, 4 heads, vocabulary 8192,
-  context 64; 5.3 M parameters), next-token loss on random tokens.
+  context 64; 7.4 M parameters), next-token loss on random tokens.
 * ``mlp``: a tiny multi-layer perceptron (tests).
 
 ``width`` scales channel counts / model dimension (1.0 = the sizes above).
