@@ -32,12 +32,14 @@ BACKENDS = ("kvstore", "byteps")
 
 
 MODELS = ("resnet18", "resnet50", "vgg", "vgg16", "transformer")  # = models.MODELS, without importing mxnet
+ALIASES = {"resnet": "resnet18"}  # the A/B runner's model names
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m byteps_prophet.mxnet.bench",
                                      description="MXNet worker benchmark (prints one JSON line on worker 0).")
-    parser.add_argument("--model", default="resnet18", choices=MODELS, help="model (default resnet18)")
+    parser.add_argument("--model", default="resnet18", choices=MODELS + tuple(ALIASES),
+                        help="model (default resnet18; 'resnet' = resnet18)")
     parser.add_argument("--steps", type=int, default=20, help="measured steps after the warm-up (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="steps not measured (default 3)")
     parser.add_argument("--batch", type=int, default=8, help="per-worker batch size (default 8)")
@@ -48,7 +50,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="image side / sequence length (default per model: resnet 64, vgg 32, vgg16 224, transformer 16)")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--json-out", default=None, help="also write the JSON line to this file (worker 0)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="expected number of workers (checked against DMLC_NUM_WORKER's job)")
+    parser.add_argument("--progress", action="store_true",
+                        help="print '#progress STEP' on stdout after each timed step (worker 0)")
+    parser.add_argument("--tune-credit", type=int, default=None, help="not supported for MXNet (exits 2)")
+    parser.add_argument("--tune-probes", default=None, help="not supported for MXNet (exits 2)")
     args = parser.parse_args(argv)
+    args.model = ALIASES.get(args.model, args.model)
     for name in ("steps", "batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
@@ -61,6 +70,9 @@ def run(args: argparse.Namespace) -> dict | None:
     from byteps_prophet.core import Settings
 
     settings = Settings.from_env()  # invalid BYTEPS_SCHEDULER etc. fail here, before any connection
+    if args.tune_credit is not None or args.tune_probes is not None:
+        raise UserError("--tune-credit/--tune-probes are not supported by the MXNet bench yet; "
+                        "run the A/B with --no-tune (or a swept BYTESCHEDULER_CREDIT)")
     if "DMLC_ROLE" not in os.environ and args.kvstore.startswith("dist"):
         raise UserError("no DMLC_ROLE: run under `byteps-prophet cluster run --engine mxnet` or "
                         "`python -m byteps_prophet.mxnet.launch`")
@@ -92,14 +104,21 @@ def run(args: argparse.Namespace) -> dict | None:
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr, "momentum": 0.9}, kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
+    if args.workers is not None and args.workers != kv.num_workers:
+        raise UserError(f"--workers {args.workers} but the job has {kv.num_workers} workers")
+    # ps-lite numbers ranks by connection order, not DMLC_WORKER_ID; the cluster's "worker-0" is the
+    # host with DMLC_WORKER_ID=0, and that is where the A/B runner looks for progress lines.
+    reporter = os.environ.get("DMLC_WORKER_ID", str(kv.rank)) == "0"
     ends = []
-    for _ in range(args.warmup + args.steps):
+    for step in range(args.warmup + args.steps):
         with autograd.record():
             loss = loss_fn(net(data), label)
         loss.backward()
         trainer.step(args.batch)
         loss.wait_to_read()
         ends.append(time.monotonic())
+        if args.progress and reporter and step >= args.warmup:
+            print(f"#progress {step - args.warmup + 1}", flush=True)
     if hasattr(kv, "flush"):
         kv.flush()
     mx.nd.waitall()
