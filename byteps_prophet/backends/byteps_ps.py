@@ -28,7 +28,10 @@ class BytePSBackend(Backend):
         except ImportError as err:
             raise ConfigError(f"backend byteps: byteps.torch is not importable ({err}); "
                               f"valid: build it with scripts/build_byteps.sh, or backend gloo") from None
+        import byteps.torch.ops as ops
+
         self.bps = bps
+        self.ops = ops
         if init:
             bps.init()
         self.rank, self.size = bps.rank(), bps.size()
@@ -52,14 +55,14 @@ class BytePSBackend(Backend):
     def issue(self, op: Op):
         name = f"bpp.{op.key}"
         if name not in self._declared:
-            self.bps.declare(name)
+            self.ops.declare(name)
             self._declared.add(name)
-        return (op, self.bps.push_pull_async_inplace(op.tensor, average=True, name=name))
+        return (op, self.ops.push_pull_async_inplace(op.tensor, average=True, name=name))
 
     def wait(self, handle) -> None:
         op, h = handle
         try:
-            self.bps.synchronize(h)
+            self.ops.synchronize(h)
         except Exception as err:  # noqa: BLE001
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise BackendError(f"rank {self.rank}: push_pull of {op.key} (iteration {op.iteration}) failed: {first}") from None

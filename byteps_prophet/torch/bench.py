@@ -124,6 +124,10 @@ def run(args) -> int:
     if args.dump and backend.rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.dump)
     print(json.dumps(out), flush=True)
+    if backend.name == "byteps":
+        import byteps.torch as bps
+
+        bps.shutdown()  # leave ps-lite together with the others, before interpreter teardown
     return 0
 
 

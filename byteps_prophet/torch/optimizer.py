@@ -44,7 +44,7 @@ from byteps_prophet.backends import Backend, make_backend
 from byteps_prophet.backends.base import BackendError, Op
 from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
-from byteps_prophet.errors import ConfigError
+from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.torch.compression import Compression
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -339,15 +339,16 @@ class _Engine:
                 self._close_profile_iteration(now)
                 self._iteration_end_pending = False
             self._ensure_iteration_open(now)
-            self._fwd_stack.append([module, now, 0.0])
-        if self._pending_count == 0 or self.closed:
-            if self.error is not None and not self.closed:
-                self.raise_if_failed()
-            return None
-        waiting = [self.by_id[id(p)] for p in module._parameters.values()
-                   if p is not None and id(p) in self.by_id]
-        if waiting:
-            self._wait_for(waiting)
+        if self._pending_count and not self.closed:
+            waiting = [self.by_id[id(p)] for p in module._parameters.values()
+                       if p is not None and id(p) in self.by_id]
+            if waiting:
+                self._wait_for(waiting)
+        elif self.error is not None and not self.closed:
+            self.raise_if_failed()
+        if self._recorder is not None and not self.closed:
+            # started after any wait: waiting for an update is not forward compute
+            self._fwd_stack.append([module, self.clock.now(), 0.0])
         return None
 
     def _post_forward(self, module, args, output):
@@ -381,6 +382,8 @@ class _Engine:
         if self._iter_open:
             return
         self._recorder.begin_iteration(now)
+        self._fwd_stack.clear()
+        self._unattributed = 0.0
         self._bwd_start = self._iter_begin = now
         self._bwd_marked = False
         self._last_forward_end = None
@@ -443,6 +446,10 @@ class _Engine:
             self.sync.close()
             try:
                 self.save_profile()
+            except UserError as err:  # a profile problem must not fail the training job
+                import sys
+
+                print(f"byteps-prophet: profile not written: {err}", file=sys.stderr, flush=True)
             finally:
                 self.backend.close()
 
