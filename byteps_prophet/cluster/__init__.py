@@ -9,8 +9,9 @@ from __future__ import annotations
 
 _EXPORTS = {
     "Cluster": "local", "ClusterSpec": "local", "Job": "local", "RunResult": "local", "Host": "local",
-    "parse_bandwidth": "units", "parse_latency": "units", "format_bandwidth": "units",
-    "format_latency": "units", "load_compose": "compose", "default_compose_path": "compose",
+    "parse_bandwidth": "byteps_prophet.units", "parse_latency": "byteps_prophet.units",
+    "format_bandwidth": "byteps_prophet.units", "format_latency": "byteps_prophet.units",
+    "load_compose": "compose", "default_compose_path": "compose",
     "clean_stale": "netns",
 }
 
@@ -21,6 +22,7 @@ def __getattr__(name: str):
     if name in _EXPORTS:
         import importlib
 
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        where = _EXPORTS[name]
+        module = importlib.import_module(where if "." in where else f"{__name__}.{where}")
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
