@@ -69,6 +69,10 @@ class ClusterSpec:
     netns: bool | None = None           # True: require namespaces; False: plain loopback; None: auto
     port: int | None = None             # scheduler port (compose: DMLC_PS_ROOT_PORT, else 9000)
     grace: float = 5.0                  # how long scheduler/servers may linger after the workers
+    # How long workers may still run after the scheduler or a server exited cleanly (status 0). That
+    # is a normal BytePS shutdown once every worker called shutdown(); a worker's own exit can take
+    # several seconds after that on a busy machine (BytePS tears down its threads and shared memory).
+    exit_grace: float = 20.0
     stop_grace: float = 2.0             # SIGTERM -> SIGKILL
 
 
@@ -290,7 +294,7 @@ class Job:
             if early:
                 if self._early_since is None:
                     self._early_since = now
-                elif now - self._early_since > self._cluster.spec.grace:
+                elif now - self._early_since > self._cluster.spec.exit_grace:
                     running = [r.host.name for r in workers if codes[r.host.name] is None]
                     return self._finish(1, early[0], f"{early[0]} exited before the workers finished "
                                                      f"({', '.join(running)} still running)")

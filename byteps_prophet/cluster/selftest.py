@@ -1,10 +1,12 @@
-"""Worker self-test: ``python -m byteps_prophet.cluster.selftest [--size N] [--rounds R]``.
+"""Worker self-test: ``python -m byteps_prophet.cluster.selftest [--sizes N,M] [--rounds R]``.
 
-Each worker pushes ``(worker_id + 1) * (round + 1)`` in every element and pulls the aggregate back;
-the result must be exactly ``(round + 1) * n * (n + 1) / 2`` for n workers (small integers are exact
-in float32). Uses the engine named by ``ENGINE``: byteps (``byteps.torch.push_pull``) or mxnet
-(``mx.kv.create('dist_sync')`` push/pull). Exits 0 and prints ``selftest OK`` on success, 1 on a
-wrong sum. It is the default worker command of docker/docker-compose.yml.
+Each worker pushes ``(worker_id + 1) * (round + 1)`` in every element of one tensor per size (each
+under its own name, the same name every round) and pulls the aggregate back; the result must be
+exactly ``(round + 1) * n * (n + 1) / 2`` for n workers (small integers are exact in float32). Uses
+the engine named by ``ENGINE``: mxnet (``mx.kv.create('dist_sync')`` push/pull) or byteps, through
+the plugin named by ``SELFTEST_FRAMEWORK`` (torch: ``byteps.torch.push_pull``, the default; mxnet:
+``byteps.mxnet.byteps_push_pull``). Exits 0 and prints ``selftest OK`` on success, 1 on a wrong sum.
+It is the default worker command of docker/docker-compose.yml.
 """
 from __future__ import annotations
 
@@ -13,43 +15,85 @@ import os
 import sys
 import time
 
+FRAMEWORKS = ("torch", "mxnet")
+
 
 def _expected(round_index: int, workers: int) -> float:
     return float((round_index + 1) * workers * (workers + 1) // 2)
 
 
-def _run_mxnet(size: int, rounds: int, worker_id: int):
+def _pushed(round_index: int, worker_id: int) -> float:
+    return float((worker_id + 1) * (round_index + 1))
+
+
+def _run_mxnet(sizes: list[int], rounds: int, worker_id: int):
     import mxnet as mx
 
     kv = mx.kv.create("dist_sync")
-    workers = kv.num_workers
-    kv.init(0, mx.nd.zeros((size,)))
+    for key, size in enumerate(sizes):
+        kv.init(key, mx.nd.zeros((size,)))
     for r in range(rounds):
-        kv.push(0, mx.nd.full((size,), float((worker_id + 1) * (r + 1))))
-        out = mx.nd.zeros((size,))
-        kv.pull(0, out=out)
-        yield r, workers, out.asnumpy()
+        for key, size in enumerate(sizes):
+            kv.push(key, mx.nd.full((size,), _pushed(r, worker_id)))
+            out = mx.nd.zeros((size,))
+            kv.pull(key, out=out)
+            yield r, kv.num_workers, out.asnumpy()
 
 
-def _run_byteps(size: int, rounds: int, worker_id: int):
+def _run_byteps_torch(sizes: list[int], rounds: int, worker_id: int):
     import torch
     import byteps.torch as bps
 
     bps.init()
     try:
-        workers = bps.size()
         for r in range(rounds):
-            tensor = torch.full((size,), float((worker_id + 1) * (r + 1)))
-            out = bps.push_pull(tensor, average=False, name="byteps_prophet.selftest")
-            yield r, workers, out.numpy()
+            for size in sizes:
+                tensor = torch.full((size,), _pushed(r, worker_id))
+                out = bps.push_pull(tensor, average=False, name=f"byteps_prophet.selftest.{size}")
+                yield r, bps.size(), out.numpy()
     finally:
         bps.shutdown()
 
 
+def _run_byteps_mxnet(sizes: list[int], rounds: int, worker_id: int):
+    import mxnet as mx
+    import byteps.mxnet as bps
+
+    bps.init()
+    try:
+        for size in sizes:
+            bps.byteps_declare_tensor(f"selftest.{size}")
+        for r in range(rounds):
+            for size in sizes:
+                tensor = mx.nd.full((size,), _pushed(r, worker_id))
+                bps.byteps_push_pull(tensor, name=f"selftest.{size}", is_average=False)
+                yield r, bps.size(), tensor.asnumpy()  # asnumpy waits for the in-place push_pull
+    finally:
+        bps.shutdown()
+
+
+def _run_byteps(sizes: list[int], rounds: int, worker_id: int):
+    framework = os.environ.get("SELFTEST_FRAMEWORK", "torch").strip().lower()
+    if framework == "mxnet":
+        return _run_byteps_mxnet(sizes, rounds, worker_id)
+    return _run_byteps_torch(sizes, rounds, worker_id)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers")
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m byteps_prophet.cluster.selftest")
-    parser.add_argument("--size", type=int, default=int(os.environ.get("SELFTEST_SIZE", 262144)),
-                        help="float32 elements per push (default 262144 = 1 MiB)")
+    parser.add_argument("--sizes", type=_sizes, default=os.environ.get("SELFTEST_SIZES", "7,262144"),
+                        help="float32 elements of each tensor, comma-separated (default 7,262144: a tiny "
+                             "one and 1 MiB, several partitions under a small BYTEPS_PARTITION_BYTES)")
     parser.add_argument("--rounds", type=int, default=int(os.environ.get("SELFTEST_ROUNDS", 3)))
     args = parser.parse_args(argv)
     engine = os.environ.get("ENGINE", "byteps").strip().lower()
@@ -58,17 +102,23 @@ def main(argv: list[str] | None = None) -> int:
     if engine not in runs:
         print(f"selftest: ENGINE={engine!r} is not an engine; valid: {', '.join(runs)}", file=sys.stderr)
         return 2
+    framework = os.environ.get("SELFTEST_FRAMEWORK", "torch").strip().lower()
+    if framework not in FRAMEWORKS:
+        print(f"selftest: SELFTEST_FRAMEWORK={framework!r} is invalid; valid: {', '.join(FRAMEWORKS)}",
+              file=sys.stderr)
+        return 2
     start = time.monotonic()
     workers = 0
-    for r, workers, values in runs[engine](args.size, args.rounds, worker_id):
+    for r, workers, values in runs[engine](args.sizes, args.rounds, worker_id):
         want = _expected(r, workers)
         wrong = int((values != want).sum())
         if wrong:
             print(f"selftest FAILED: worker {worker_id}, round {r}: {wrong} of {values.size} elements "
                   f"differ from {want} (first: {values.flat[0]})", flush=True)
             return 1
-    print(f"selftest OK: worker {worker_id} of {workers}, engine {engine}, {args.rounds} rounds of "
-          f"{args.size} floats, last sum {_expected(args.rounds - 1, workers):g}, "
+    via = f" ({framework})" if engine == "byteps" else ""
+    print(f"selftest OK: worker {worker_id} of {workers}, engine {engine}{via}, {args.rounds} rounds of "
+          f"{'+'.join(map(str, args.sizes))} floats, last sum {_expected(args.rounds - 1, workers):g}, "
           f"{time.monotonic() - start:.2f}s", flush=True)
     return 0
 

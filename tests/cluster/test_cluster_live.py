@@ -176,16 +176,18 @@ def test_shaped_links_give_the_set_bandwidth_both_ways_and_change_during_a_run(l
 
 # ------------------------------------------------------------------------------------------- runs
 PROBE = ('touch /dev/shm/bpp-probe-$DMLC_WORKER_ID && test -e /dev/shm/bpp-probe-$DMLC_WORKER_ID && '
-         'exec python -m byteps_prophet.cluster.selftest --size 65536 --rounds 3')
+         'exec python -m byteps_prophet.cluster.selftest --sizes 7,65536 --rounds 3')
+# 65,536 floats = 256 KiB: four BytePS partitions of 64 KiB, so partitioning is exercised too
+SMALL_PARTITIONS = {"BYTEPS_PARTITION_BYTES": str(64 * 1024)}
 
 
-def _exact_sum(engine: str, leftovers: Leftovers, netns_mode: bool = True) -> float:
+def _exact_sum(engine: str, leftovers: Leftovers, netns_mode: bool = True, env=None) -> float:
     started = time.monotonic()
     lines = []
     with Cluster(ClusterSpec(workers=2, servers=1, engine=engine, netns=netns_mode),
                  output=lambda name, line: lines.append(f"{name} | {line}")) as cluster:
         assert [h.name for h in cluster.hosts] == ["scheduler", "server-0", "worker-0", "worker-1"]
-        result = cluster.run(["sh", "-c", PROBE], timeout=60)
+        result = cluster.run(["sh", "-c", PROBE], env=env, timeout=60)
         for name in ("worker-0", "worker-1"):
             # the private /dev/shm of each host never shows in the machine's
             assert not os.path.exists(f"/dev/shm/bpp-probe-{name[-1]}")
@@ -209,9 +211,10 @@ def test_mxnet_cluster_on_plain_loopback(leftovers):
 
 
 @pytest.mark.skipif(not _byteps_importable(), reason="byteps is not importable (scripts/build_byteps.sh)")
-def test_byteps_cluster_push_pull_gives_the_exact_sum(leftovers):
-    elapsed = _exact_sum("byteps", leftovers)
-    print(f"4-process byteps cluster up, run and torn down in {elapsed:.2f}s")
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_byteps_cluster_push_pull_gives_the_exact_sum(leftovers, framework):
+    elapsed = _exact_sum("byteps", leftovers, env={**SMALL_PARTITIONS, "SELFTEST_FRAMEWORK": framework})
+    print(f"4-process byteps cluster ({framework} plugin) up, run and torn down in {elapsed:.2f}s")
     assert elapsed < 90  # hang guard, see above
 
 
