@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import deque
 
 MIN_FIT_SAMPLES = 8
+_INF = float("inf")
+_NOT_SENT = (None, 0)
 
 
 class _RunningFit:
@@ -30,17 +32,20 @@ class _RunningFit:
         self._n = self._sx = self._sy = self._sxx = self._sxy = 0.0
 
     def add(self, x: float, y: float) -> None:
-        self._samples.append((x, y))
-        self._update(x, y, +1)
-        if len(self._samples) > self._window:
-            self._update(*self._samples.popleft(), -1)
-
-    def _update(self, x: float, y: float, sign: int) -> None:
-        self._n += sign
-        self._sx += sign * x
-        self._sy += sign * y
-        self._sxx += sign * x * x
-        self._sxy += sign * x * y
+        samples = self._samples
+        samples.append((x, y))
+        self._n += 1
+        self._sx += x
+        self._sy += y
+        self._sxx += x * x
+        self._sxy += x * y
+        if len(samples) > self._window:
+            x, y = samples.popleft()
+            self._n -= 1
+            self._sx -= x
+            self._sy -= y
+            self._sxx -= x * x
+            self._sxy -= x * y
 
     def clear(self) -> None:
         self.__init__(self._window)
@@ -79,7 +84,7 @@ class BandwidthMonitor:
         self._in_flight[id(task)] = (now, self._delivered)
 
     def on_finish(self, task, now: float) -> None:
-        sent_at, delivered_at_send = self._in_flight.pop(id(task), (None, 0))
+        sent_at, delivered_at_send = self._in_flight.pop(id(task), _NOT_SENT)
         self._delivered += task.nbytes
         if sent_at is None:
             return
@@ -90,11 +95,12 @@ class BandwidthMonitor:
         # at most 1/serializations of its time in flight (each byte crosses it that often in turn).
         # Both are exact with one stage, when it ran alone, or when it is no larger than the one
         # before it; a larger one queued behind a smaller one may also include a pipeline bubble.
-        service = min(now - self._last_finish, (now - sent_at) / self.serializations)
-        exact = self.serializations == 1 or sent_at >= self._last_finish or task.nbytes <= self._last_bytes
-        if exact and 0 < service < float("inf"):
-            self._service.add(task.nbytes, service)
-        self._last_finish, self._last_bytes = now, task.nbytes
+        nbytes, last_finish, stages = task.nbytes, self._last_finish, self.serializations
+        service = min(now - last_finish, (now - sent_at) / stages)
+        exact = stages == 1 or sent_at >= last_finish or nbytes <= self._last_bytes
+        if exact and 0 < service < _INF:
+            self._service.add(nbytes, service)
+        self._last_finish, self._last_bytes = now, nbytes
 
     def _fit(self) -> tuple[float, float] | None:
         if self._cached[0] != self.samples:
@@ -112,6 +118,13 @@ class BandwidthMonitor:
         if fit is not None:
             return 1.0 / fit[1]
         return max(self._rates) if self._rates else None
+
+    def rate_and_cost(self) -> tuple[float | None, float]:
+        """``(bytes_per_s, message_cost)`` from one fit: what a scheduler reads per decision."""
+        fit = self._fit()
+        if fit is not None:
+            return 1.0 / fit[1], fit[0]
+        return (max(self._rates) if self._rates else None), 0.0
 
     @property
     def message_cost(self) -> float:

@@ -48,7 +48,14 @@ class Prophet(ByteScheduler):
         self.profiler = ReadyProfiler(settings.profile_iterations, settings.boundary_factor, settings.drift_tolerance)
         self._serializations = max(1, getattr(transport, "serializations", 1))
         self._plan: StepProfile | None = None
-        self._order: list[int] = []  # the plan's gradients by predicted ready offset
+        # Derived from the plan once per profile, not per iteration: gradients by predicted ready
+        # offset, those offsets in that order, and each block's gradient count.
+        self._derived_from: StepProfile | None = None
+        self._order: list[int] = []
+        self._order_offsets: list[float] = []
+        self._block_sizes: list[int] = []
+        self._missing: list[int] = []  # per block: gradients not yet arrived this iteration
+        self._span = 0.0
         self._iteration: int | None = None
         self._first_ready = 0.0
         self._arrived: set[int] = set()
@@ -57,7 +64,6 @@ class Prophet(ByteScheduler):
         self._next_block = 0  # first block not completely collected
         self._in_last_block = False
         self._releases: deque[int] = deque()  # collected blocks whose budget is still to be granted
-        self._pending = 0  # bytes queued, not yet sent
         # The link model: when each of its stages frees, when each piece sent finishes (FIFO), and
         # how far reality runs behind that model, re-anchored at every completion.
         self._stage_free = [0.0] * self._serializations
@@ -70,12 +76,19 @@ class Prophet(ByteScheduler):
         now = self.clock.now()
         if task.iteration != self._iteration:
             self._begin_iteration(task.iteration, now)
-        self.profiler.record(task.iteration, task.index, now)
-        self._arrived.add(task.index)
+        index = task.index
+        self.profiler.record(task.iteration, index, now)
+        arrived = self._arrived
+        first = index not in arrived
+        arrived.add(index)
         for piece in task.partition(self.settings.partition):
             self._enqueue(piece)
         if self._plan is not None:
-            self._follow_arrival(task.index, now)
+            if first:
+                block = self._plan.block_of.get(index)
+                if block is not None:
+                    self._missing[block] -= 1
+            self._follow_arrival(index, now)
 
     def _on_end_of_backward(self, iteration: int) -> None:
         if iteration != self._iteration:
@@ -89,9 +102,16 @@ class Prophet(ByteScheduler):
         self._iteration, self._first_ready = iteration, now
         self._arrived = set()
         self._plan = self.profiler.profile if self.bandwidth.known else None
-        if self._plan is not None:
-            offsets = self._plan.offsets
-            self._order = sorted(offsets, key=lambda i: (offsets[i], -i))
+        plan = self._plan
+        if plan is not None:
+            if plan is not self._derived_from:
+                offsets = plan.offsets
+                self._order = sorted(offsets, key=lambda i: (offsets[i], -i))
+                self._order_offsets = [offsets[i] for i in self._order]
+                self._block_sizes = [len(block.indices) for block in plan.blocks]
+                self._span = plan.span
+                self._derived_from = plan
+            self._missing = list(self._block_sizes)
         self._upcoming = 0
         self._pace = 1.0
         self._drain_chunk = None
@@ -102,18 +122,20 @@ class Prophet(ByteScheduler):
     def _follow_arrival(self, index: int, now: float) -> None:
         plan = self._plan
         predicted = plan.offsets.get(index)
-        if predicted is not None and predicted > 0.1 * plan.span:
+        if predicted is not None and predicted > 0.1 * self._span:
             self._pace = min(max((now - self._first_ready) / predicted, PACE_LIMITS[0]), PACE_LIMITS[1])
-        while self._upcoming < len(self._order) and self._order[self._upcoming] in self._arrived:
-            self._upcoming += 1
+        order, arrived, upcoming = self._order, self._arrived, self._upcoming
+        while upcoming < len(order) and order[upcoming] in arrived:
+            upcoming += 1
+        self._upcoming = upcoming
         self._collect_blocks(until=plan.block_for(index))
 
     def _collect_blocks(self, until: int) -> None:
         """Blocks before ``until`` are complete (a later one has started); so is any fully arrived."""
-        blocks = self._plan.blocks
+        blocks, missing = self._plan.blocks, self._missing
         while self._next_block < len(blocks):
             block = blocks[self._next_block]
-            if self._next_block >= until and not all(i in self._arrived for i in block.indices):
+            if self._next_block >= until and missing[self._next_block] > 0:
                 return
             if block.gap_after is None:
                 self._in_last_block = True
@@ -144,79 +166,82 @@ class Prophet(ByteScheduler):
 
     def _dispatch_work_conserving(self) -> None:
         self._releases.clear()  # blocks only pace the paper mode
-        bandwidth = self.bandwidth.bytes_per_s
-        cost = self.bandwidth.message_cost
-        floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
-        cap = self.settings.max_chunk_bytes or math.inf
+        queue = self._queue
+        if not queue:
+            return
         now = self.clock.now()
-        while self._queue:
-            start = self._link_free(now)  # when the first stage of the link can take it
-            if self.in_flight_count and start > self._next_event(now):
-                return  # the link stays busy until an event gives another chance to decide
-            chunk = min(max(self._chunk_bytes(start, bandwidth, cost), floor), cap)
+        # Only events move the lag, the pace and the next predicted arrival, so they are read once
+        # per dispatch (again after a synchronous transport's events); the link model and the
+        # backlog move with every send.
+        lag, stage_free, finishes = self._lag, self._stage_free, self._finishes
+        first_ready, pace, upcoming = self._first_ready, self._pace, self._upcoming
+        next_ready = first_ready + pace * self._order_offsets[upcoming] if upcoming < len(self._order) else None
+        end = first_ready + pace * self._span
+        bandwidth = None  # read on the first send: most calls find the link busy and send nothing
+        while queue:
+            start = stage_free[0] + lag  # when the first stage of the link can take it
+            if start < now:
+                start = now
+            if self.in_flight_count:
+                # The next completion or predicted arrival: the next chance to decide. While the link
+                # stays busy past it, that event gives another chance, so nothing is sent now.
+                event = finishes[0][1] + lag if finishes else math.inf
+                if next_ready is not None and next_ready > now and next_ready < event:
+                    event = next_ready
+                if start > (event if event > now else now):
+                    return
+            if bandwidth is None:
+                bandwidth, cost = self.bandwidth.rate_and_cost()
+                floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
+                cap = self.settings.max_chunk_bytes or math.inf
+            # Bytes for the chunk that starts on the link at ``start`` (module docstring).
+            if start < end:
+                if next_ready is not None and start + self.pending_bytes / bandwidth < end:
+                    chunk = bandwidth * (next_ready - start - cost)  # done before the next arrival
+                else:
+                    chunk = bandwidth * (end - start - cost)  # backlogged through the end of backward
+            else:
+                if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
+                    stages = self._serializations - 1
+                    self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
+                chunk = self._drain_chunk
+            if chunk < floor:
+                chunk = floor
+            if chunk > cap:
+                chunk = cap
             piece = self._cut(self._pop(), chunk)
-            self._predict(piece, now, bandwidth, cost)
-            self._send(piece)
-
-    def _chunk_bytes(self, start: float, bandwidth: float, cost: float) -> float:
-        """Bytes for the chunk that starts on the link at ``start``."""
-        end = self._predicted_end()
-        if start < end:
-            next_ready = self._predicted_next_ready()
-            if next_ready is not None and start + self._pending / bandwidth < end:
-                return bandwidth * (next_ready - start - cost)  # done before the next arrival
-            return bandwidth * (end - start - cost)  # backlogged through the end of backward
-        # After the last arrival: equal chunks for the bytes pending now (module docstring).
-        if self._drain_chunk is None:
-            stages = self._serializations - 1
-            self._drain_chunk = math.sqrt(self._pending * bandwidth * cost / stages) if stages else math.inf
-        return self._drain_chunk
-
-    def _predict(self, piece: Task, now: float, bandwidth: float, cost: float) -> None:
-        """Advance the link model by ``piece``: each stage serves it after the previous stage and
-        after the piece before it, for ``cost + bytes / bandwidth``."""
-        service, done, lag = cost + piece.nbytes / bandwidth, now, self._lag
-        for j, free in enumerate(self._stage_free):
-            done = max(free + lag, done) + service
-            self._stage_free[j] = done - lag
-        self._finishes.append((piece, done - lag))
-
-    def _link_free(self, now: float) -> float:
-        return max(now, self._stage_free[0] + self._lag)
-
-    def _next_event(self, now: float) -> float:
-        """The next completion or predicted arrival: the next chance to decide."""
-        event = self._finishes[0][1] + self._lag if self._finishes else math.inf
-        next_ready = self._predicted_next_ready()
-        if next_ready is not None and next_ready > now:
-            event = min(event, next_ready)
-        return max(event, now)
+            # Advance the link model: each stage serves the piece after the previous stage and after
+            # the piece before it, for ``cost + bytes / bandwidth``.
+            service, done = cost + piece.nbytes / bandwidth, now
+            for j, free in enumerate(stage_free):
+                free += lag
+                done = (free if free > done else done) + service
+                stage_free[j] = done - lag
+            finishes.append((piece, done - lag))
+            self.credit -= piece.numel
+            self._start(piece)
+            if self._dispatch_again:  # a synchronous transport delivered events: re-read what they move
+                lag, next_ready, end = self._lag, self._predicted_next_ready(), self._predicted_end()
 
     def _on_finished(self, piece: Task) -> None:
-        super()._on_finished(piece)
-        for k, (sent, predicted) in enumerate(self._finishes):
+        self.credit = min(self.credit + piece.numel, self.credit_limit)  # ByteScheduler's
+        finishes = self._finishes
+        if finishes and finishes[0][0] is piece:  # the head, unless the transport reorders
+            self._lag = self.clock.now() - finishes.popleft()[1]
+            return
+        for k, (sent, predicted) in enumerate(finishes):
             if sent is piece:  # the head, unless the transport reorders
                 self._lag = self.clock.now() - predicted
                 del self._finishes[k]
                 break
 
     def _predicted_end(self) -> float:
-        return self._first_ready + self._pace * self._plan.span
-
-    def _enqueue(self, piece: Task) -> None:
-        self._pending += piece.nbytes
-        super()._enqueue(piece)
-
-    def _pop(self) -> Task:
-        piece = super()._pop()
-        self._pending -= piece.nbytes
-        return piece
+        return self._first_ready + self._pace * self._span
 
     def _predicted_next_ready(self) -> float | None:
         if self._upcoming >= len(self._order):
             return None
-        offset = self._plan.offsets[self._order[self._upcoming]]
-        return self._first_ready + self._pace * offset
+        return self._first_ready + self._pace * self._order_offsets[self._upcoming]
 
     def _cut(self, piece: Task, nbytes: float) -> Task:
         """The first rows of ``piece`` that fit ``nbytes``; the rest goes back to the queue."""
@@ -225,8 +250,10 @@ class Prophet(ByteScheduler):
         rows = max(1, int(nbytes // (piece.row_numel * piece.itemsize)))
         if rows >= piece.rows:
             return piece
-        self._enqueue(piece.slice(piece.row_start + rows, piece.row_end, part=piece.part))
-        return piece.slice(piece.row_start, piece.row_start + rows, part=piece.part)
+        head = piece.slice(piece.row_start, piece.row_start + rows, part=piece.part)
+        piece._drop_rows(rows)  # the queued slice, never sent yet, becomes the remainder
+        self._enqueue(piece)
+        return head
 
     def _send(self, piece: Task) -> None:
         self.credit -= piece.numel  # the credit stays accounted, for the paper mode's last block

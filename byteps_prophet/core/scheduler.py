@@ -67,7 +67,8 @@ class Scheduler:
         self.in_flight_bytes -= piece.nbytes
         self.in_flight_count -= 1
         self._on_finished(piece)
-        root = piece.root
+        parent = piece.parent
+        root = piece if parent is None else parent.root
         root.rows_done += piece.rows
         if root.rows_done > root.shape[0]:
             raise RuntimeError(f"{root.name}: rows synchronised twice in iteration {root.iteration}")
@@ -99,7 +100,8 @@ class Scheduler:
         now = self.clock.now()
         piece.state = State.STARTED
         piece.start_time = now
-        root = piece.root
+        parent = piece.parent
+        root = piece if parent is None else parent.root
         if root.state is State.READY:
             root.state = State.STARTED
             root.start_time = now

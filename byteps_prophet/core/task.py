@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 PRIORITY_STRIDE = 1000  # priority = index * 1000 + partition number, as in ByteScheduler
+_new_task = object.__new__
 
 
 class State(enum.Enum):
@@ -21,7 +22,7 @@ class State(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
     name: str
     index: int  # forward order of the parameter: 0 is needed first by the next forward pass
@@ -39,38 +40,41 @@ class Task:
     ready_time: float = math.nan
     start_time: float = math.nan
     finish_time: float = math.nan
+    # Derived at construction (and by ``_drop_rows``; nothing else changes rows, shape or index):
+    # schedulers read them on every event, so they are plain attributes, not recomputed properties.
+    rows: int = field(init=False, repr=False)
+    row_numel: int = field(init=False, repr=False)
+    numel: int = field(init=False, repr=False)
+    nbytes: int = field(init=False, repr=False)
+    priority: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.shape = tuple(int(d) for d in self.shape) or (1,)
+        self.shape = tuple(map(int, self.shape)) or (1,)
         if self.row_end < 0:
             self.row_end = self.shape[0]
         if not 0 <= self.row_start < self.row_end <= self.shape[0]:
             raise ValueError(f"{self.name}: rows [{self.row_start}, {self.row_end}) outside 0..{self.shape[0]}")
+        self.row_numel = math.prod(self.shape[1:])
+        self._size()
+
+    def _size(self) -> None:
+        self.rows = rows = self.row_end - self.row_start
+        self.numel = numel = rows * self.row_numel
+        self.nbytes = numel * self.itemsize
+        self.priority = self.index * PRIORITY_STRIDE + self.part
+
+    def _drop_rows(self, rows: int) -> None:
+        """Shrink an unsent slice to drop its first ``rows`` (a scheduler cutting its head off)."""
+        if self.parent is None or self.state is not State.READY or not 0 < rows < self.rows:
+            raise ValueError(f"cannot drop {rows} rows of {self!r}")
+        self.row_start += rows
+        self._size()
 
     # -- sizes ------------------------------------------------------------------------------------
     @property
-    def rows(self) -> int:
-        return self.row_end - self.row_start
-
-    @property
-    def row_numel(self) -> int:
-        return math.prod(self.shape[1:])
-
-    @property
-    def numel(self) -> int:
-        return self.rows * self.row_numel
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.itemsize
-
-    @property
-    def priority(self) -> int:
-        return self.index * PRIORITY_STRIDE + self.part
-
-    @property
     def root(self) -> "Task":
-        return self.parent.root if self.parent is not None else self
+        parent = self.parent
+        return self if parent is None else parent.root
 
     @property
     def is_whole(self) -> bool:
@@ -86,12 +90,22 @@ class Task:
     # -- slicing ------------------------------------------------------------------------------------
     def slice(self, row_start: int, row_end: int, part: int | None = None) -> "Task":
         """A child covering rows [row_start, row_end) of this task's gradient."""
-        root = self.root
-        child = Task(
-            name=root.name, index=root.index, shape=root.shape, itemsize=root.itemsize,
-            iteration=root.iteration, payload=root.payload, row_start=row_start, row_end=row_end,
-            part=self.part if part is None else part, parent=root, state=State.READY,
-        )
+        parent = self.parent
+        root = self if parent is None else parent.root
+        if not 0 <= row_start < row_end <= root.shape[0]:
+            raise ValueError(f"{root.name}: rows [{row_start}, {row_end}) outside 0..{root.shape[0]}")
+        # The fields a constructor would set, without re-validating the root's shape per slice.
+        child = _new_task(Task)
+        child.name, child.index, child.shape, child.itemsize, child.iteration, child.payload = \
+            root.name, root.index, root.shape, root.itemsize, root.iteration, root.payload
+        child.row_start, child.row_end, child.part, child.parent, child.state, child.rows_done = \
+            row_start, row_end, self.part if part is None else part, root, State.READY, 0
+        child.ready_time = child.start_time = child.finish_time = math.nan
+        child.row_numel = row_numel = root.row_numel
+        child.rows = rows = row_end - row_start
+        child.numel = numel = rows * row_numel
+        child.nbytes = numel * root.itemsize
+        child.priority = root.index * PRIORITY_STRIDE + child.part
         return child
 
     def partition(self, max_numel: int) -> list["Task"]:

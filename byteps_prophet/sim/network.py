@@ -31,9 +31,13 @@ class Conditions:
         return value
 
     def bandwidth(self, t: float) -> float:
+        if len(self._bandwidth) == 1:
+            return self._bandwidth[0][1]
         return self._at(self._bandwidth, t)
 
     def compute_factor(self, t: float) -> float:
+        if len(self._compute) == 1:
+            return 1.0
         return self._at(self._compute, t)
 
     @property

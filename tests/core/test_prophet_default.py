@@ -124,4 +124,4 @@ def test_never_idles_the_link_while_bytes_are_pending(arch, bandwidth):
             idle_with_pending.append(loop.time)
     assert scheduler._plan is not None  # the default mode was in charge after profiling
     assert not idle_with_pending
-    assert scheduler._pending == 0 and not scheduler._queue
+    assert scheduler.pending_bytes == 0 and not scheduler._queue
