@@ -7,31 +7,37 @@ Run it as every worker of a ps-lite job (the role environment comes from the clu
     python -m byteps_prophet.mxnet.launch -w 2 -- python -m byteps_prophet.mxnet.bench --model resnet18
 
 The scheduler comes from BYTEPS_SCHEDULER (fifo|bytescheduler|prophet) and its BYTESCHEDULER_* /
-PROPHET_* knobs. Worker 0 prints ONE JSON line on stdout (other output goes to stderr)::
+PROPHET_* knobs. The scheduling leader (the worker with DMLC_WORKER_ID=0, the cluster's worker-0)
+prints ONE JSON line on stdout (other output goes to stderr)::
 
     {"framework": "mxnet", "backend": "kvstore", "scheduler": "prophet", "model": "vgg", "batch": 8,
      "workers": 2, "steps": 20, "warmup": 3, "samples_per_s": 41.7, "step_s": [...], ...}
 
-``samples_per_s`` = batch x workers / mean(step_s) over the steps after the warm-up; ``step_s`` are
-those steps' times (one step ends when its loss is computed, which needs the previous step's
-parameters, so synchronisation that overlaps the next forward is counted where it delays it).
+``samples_per_s`` = batch x workers x steps / time of the timed steps (after ``--warmup`` untimed
+steps and a flush, ending when every update is applied), as the torch bench; ``step_s`` are the
+timed steps' times (one step ends when its loss is computed, which needs the previous step's
+parameters, so synchronisation that delays the next forward is counted). With ``--tune-credit P``
+(BYTEPS_SCHEDULER=bytescheduler) the leader tunes the credit with ``CreditTuner`` instead (each
+probe: one transition step, then P scored steps) and the line carries ``best_credit`` and ``probes``.
 Exit status 2 with a one-line message on bad arguments or settings.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
 import sys
 import time
+import weakref
 
 from byteps_prophet.errors import UserError
 
 BACKENDS = ("kvstore", "byteps")
 
 
-MODELS = ("resnet18", "resnet50", "vgg", "vgg16", "transformer")  # = models.MODELS, without importing mxnet
+MODELS = ("resnet18", "resnet50", "vgg", "vgg16", "transformer", "mlp")  # = models.MODELS, without importing mxnet
 ALIASES = {"resnet": "resnet18"}  # the A/B runner's model names
 
 
@@ -54,8 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="expected number of workers (checked against DMLC_NUM_WORKER's job)")
     parser.add_argument("--progress", action="store_true",
                         help="print '#progress STEP' on stdout after each timed step (worker 0)")
-    parser.add_argument("--tune-credit", type=int, default=None, help="not supported for MXNet (exits 2)")
-    parser.add_argument("--tune-probes", default=None, help="not supported for MXNet (exits 2)")
+    parser.add_argument("--tune-credit", type=int, default=None, metavar="PROBE_STEPS",
+                        help="tune ByteScheduler's credit instead of timing (needs BYTEPS_SCHEDULER=bytescheduler): "
+                             "each probe runs PROBE_STEPS scored steps; the JSON line carries best_credit and probes")
+    parser.add_argument("--tune-probes", default=None, metavar="RANDOM,GUIDED",
+                        help="random and expected-improvement probes for --tune-credit (default 6,3)")
     args = parser.parse_args(argv)
     args.model = ALIASES.get(args.model, args.model)
     for name in ("steps", "batch"):
@@ -66,26 +75,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def parse_probes(text: str) -> tuple[int, int]:
+    try:
+        random_probes, guided = (int(v) for v in text.split(","))
+    except ValueError:
+        raise UserError(f"--tune-probes {text!r} is invalid; valid: RANDOM,GUIDED (two integers, e.g. 6,3)") from None
+    if random_probes < 1 or guided < 0:
+        raise UserError(f"--tune-probes {text!r} is invalid; valid: RANDOM >= 1, GUIDED >= 0")
+    return random_probes, guided
+
+
 def run(args: argparse.Namespace) -> dict | None:
     from byteps_prophet.core import Settings
 
     settings = Settings.from_env()  # invalid BYTEPS_SCHEDULER etc. fail here, before any connection
-    if args.tune_credit is not None or args.tune_probes is not None:
-        raise UserError("--tune-credit/--tune-probes are not supported by the MXNet bench yet; "
-                        "run the A/B with --no-tune (or a swept BYTESCHEDULER_CREDIT)")
+    if args.tune_credit is not None:
+        if args.tune_credit < 1:
+            raise UserError(f"--tune-credit {args.tune_credit} is invalid; valid: an integer >= 1 (steps per probe)")
+        if settings.scheduler != "bytescheduler":
+            raise UserError(f"--tune-credit tunes ByteScheduler's credit but BYTEPS_SCHEDULER={settings.scheduler}; "
+                            f"valid: BYTEPS_SCHEDULER=bytescheduler")
+        probes = parse_probes(args.tune_probes or "6,3")
     if "DMLC_ROLE" not in os.environ and args.kvstore.startswith("dist"):
         raise UserError("no DMLC_ROLE: run under `byteps-prophet cluster run --engine mxnet` or "
                         "`python -m byteps_prophet.mxnet.launch`")
+    if args.backend == "byteps":
+        # byteps.mxnet must be initialised before anything touches mxnet's engine state
+        from byteps_prophet.mxnet.byteps_backend import create_byteps_kvstore
+        kv = create_byteps_kvstore(settings)
     import mxnet as mx
     import numpy as np
     from mxnet import autograd, gluon
 
     from byteps_prophet.mxnet import models
 
-    if args.backend == "byteps":
-        from byteps_prophet.mxnet.byteps_backend import create_byteps_kvstore
-        kv = create_byteps_kvstore(settings)
-    else:
+    if args.backend != "byteps":
         from byteps_prophet.mxnet.kvstore import ScheduledKVStore
         kv = ScheduledKVStore(mx.kv.create(args.kvstore), settings=settings)
 
@@ -106,47 +130,100 @@ def run(args: argparse.Namespace) -> dict | None:
 
     if args.workers is not None and args.workers != kv.num_workers:
         raise UserError(f"--workers {args.workers} but the job has {kv.num_workers} workers")
-    # ps-lite numbers ranks by connection order, not DMLC_WORKER_ID; the cluster's "worker-0" is the
-    # host with DMLC_WORKER_ID=0, and that is where the A/B runner looks for progress lines.
-    reporter = os.environ.get("DMLC_WORKER_ID", str(kv.rank)) == "0"
-    ends = []
-    for step in range(args.warmup + args.steps):
+    # The reporting worker is the scheduling leader: the host with DMLC_WORKER_ID=0 (the cluster's
+    # worker-0, where the A/B runner reads progress and the JSON line), not necessarily ps-lite rank 0.
+    leader = getattr(kv, "leader", kv.rank == 0)
+
+    def one_step():
         with autograd.record():
             loss = loss_fn(net(data), label)
         loss.backward()
         trainer.step(args.batch)
         loss.wait_to_read()
+
+    def sync():
+        if hasattr(kv, "flush"):
+            kv.flush()
+        mx.nd.waitall()
+
+    ends = []
+    for _ in range(args.warmup):
+        one_step()
         ends.append(time.monotonic())
-        if args.progress and reporter and step >= args.warmup:
-            print(f"#progress {step - args.warmup + 1}", flush=True)
-    if hasattr(kv, "flush"):
-        kv.flush()
-    mx.nd.waitall()
-    total = time.monotonic()
-    starts = ends[args.warmup - 1] if args.warmup > 0 else None
-    step_s = [b - a for a, b in zip(ends, ends[1:])][max(0, args.warmup - 1):]
     params = [p for p in net.collect_params().values() if p.grad_req != "null"]
-    mean = statistics.mean(step_s) if step_s else float("nan")
     result = {
-        "framework": "mxnet", "backend": args.backend,
-        "scheduler": settings.scheduler,
-        "model": args.model, "batch": args.batch, "workers": kv.num_workers, "rank": kv.rank,
-        "steps": len(step_s), "warmup": args.warmup,
-        "samples_per_s": args.batch * kv.num_workers / mean if step_s else None,
-        "step_s": [round(s, 6) for s in step_s],
-        "step_s_median": statistics.median(step_s) if step_s else None,
-        "tensors": len(params), "param_bytes": int(sum(p.data().size * 4 for p in params)),
-        "partition": settings.partition, "credit": settings.credit,
-        "prophet_mode": settings.prophet_mode,
-        "flush_s": round(total - ends[-1], 6),
+        "framework": "mxnet", "backend": args.backend, "scheduler": settings.scheduler,
+        "model": args.model, "batch": args.batch, "workers": kv.num_workers, "rank": kv.rank, "leader": leader,
+        "warmup": args.warmup, "tensors": len(params),
+        "param_bytes": int(sum(p.data().size * 4 for p in params)),
+        "partition": settings.partition, "credit": settings.credit, "prophet_mode": settings.prophet_mode,
     }
-    if starts is None:
-        result["note"] = "--warmup 0: the first step (start-up) is not measured"
+    if args.tune_credit is not None:
+        result.update(tune(kv, one_step, sync, args.tune_credit, probes, settings,
+                           sum(p.data().size for p in params), leader))
+    else:
+        sync()
+        start = time.monotonic()
+        ends = [start]
+        for step in range(args.steps):
+            one_step()
+            ends.append(time.monotonic())
+            if args.progress and leader:
+                print(f"#progress {step + 1}", flush=True)
+        sync()
+        total = time.monotonic()
+        step_s = [b - a for a, b in zip(ends, ends[1:])]
+        result.update({
+            "steps": args.steps,
+            # global rate: every worker's samples over the timed steps, ending when all is synchronised
+            "samples_per_s": args.batch * kv.num_workers * args.steps / (total - start),
+            "step_s": [round(s, 6) for s in step_s],
+            "step_s_median": statistics.median(step_s),
+            "flush_s": round(total - ends[-1], 6),
+        })
     if hasattr(kv, "stats"):
         result.update(kv.stats())
     if hasattr(kv, "close"):
         kv.close()
+    # Leave ps-lite now, deterministically: freeing the real store runs its finalize (a barrier with
+    # the other nodes). main() then skips interpreter teardown, where MXNet's engine threads could
+    # keep a finished worker alive (seen once: a worker still running 20 s after the job ended).
+    real = weakref.ref(getattr(kv, "_real", kv))
+    del kv, trainer, one_step, sync, net, params
+    gc.collect()
+    result["_finalized"] = real() is None
     return result
+
+
+def tune(kv, one_step, sync, probe_steps: int, probes: tuple[int, int], settings, total_elements: int,
+         leader: bool) -> dict:
+    """The leader tunes ByteScheduler's credit with CreditTuner; every worker runs the same steps.
+
+    Each probe: set the credit (leader), one transition step (not scored), then ``probe_steps``
+    scored steps ending when everything is synchronised. Bounds as the torch bench: [partition / 4,
+    the model's element count] (at least 4x apart)."""
+    from byteps_prophet.core.tuning import CreditTuner
+
+    lo = max(settings.partition // 4, 65_536)
+    hi = max(total_elements, 4 * lo)
+    tuner = CreditTuner((lo, hi), random_probes=probes[0], guided_probes=probes[1])
+    history = []
+    while not tuner.done:
+        credit = tuner.suggest()
+        if leader:
+            with kv._lock:
+                kv.scheduler.set_credit(credit)
+        one_step()  # transition step, not scored
+        sync()
+        t0 = time.monotonic()
+        for _ in range(probe_steps):
+            one_step()
+        sync()
+        mean = (time.monotonic() - t0) / probe_steps
+        tuner.observe(credit, mean)
+        history.append([credit, round(mean, 6)])
+    return {"best_credit": tuner.best, "probes": history, "credit_bounds": [lo, hi],
+            "tune_probe_steps": probe_steps}
 
 
 def main(argv=None) -> int:
@@ -156,12 +233,19 @@ def main(argv=None) -> int:
     except UserError as err:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2
-    if result is not None and result["rank"] == 0:
+    finalized = result.pop("_finalized", False) if result is not None else False
+    if result is not None and result["leader"]:
         line = json.dumps(result)
         print(line, flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 f.write(line + "\n")
+    if not finalized:
+        print("bench: note: the store was not freed after the run; exiting normally", file=sys.stderr)
+    else:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -18,8 +18,9 @@ the scheduler; after the last it calls ``end_of_backward``. The scheduler ``send
 slice maps to the fixed *atoms* it covers (rows along dim 0, each pushed and pulled under its own
 key, initialised once), so every worker pushes the same keys whatever the scheduler cut. An atom a
 slice only partly covers is sent whole, at once (its data is ready), so no byte is sent twice in an
-iteration and no slice waits on a later one. When every row of a gradient is synchronised the pulled
-staging buffer is copied into ``out`` under the gate and the gate completes.
+iteration and no slice waits on a later one. Each atom is pulled into its own buffer (its own engine
+variable, so waiting for one atom never waits for another). When every row of a gradient is
+synchronised the atoms' buffers are copied into ``out`` under the gate and the gate completes.
 
 Atoms: FIFO one per tensor (what MXNet does), ByteScheduler its partitions, Prophet its partitions
 cut into ``PROPHET_MXNET_ATOM_ELEMENTS`` (default partition / 4) so its finer cuts are honoured.
@@ -61,6 +62,17 @@ def create(kvstore: str | Any = "dist_sync", settings: Settings | None = None, *
     return ScheduledKVStore(real, settings=settings, **kwargs)
 
 
+def is_leader(kvstore, environ=None) -> bool:
+    """The one worker that schedules: the host with ``DMLC_WORKER_ID=0`` in a dist job (a cluster's
+    worker-0, where runners read output; ps-lite numbers ranks by connection order, so its rank 0 may
+    be another host), else ps-lite rank 0. Any single leader is correct: the others follow its order."""
+    env = os.environ if environ is None else environ
+    worker_id = env.get("DMLC_WORKER_ID", "").strip()
+    if "dist" in kvstore.type and worker_id.isdigit():
+        return int(worker_id) == 0
+    return kvstore.rank == 0
+
+
 def atom_elements(settings: Settings, environ=None) -> int:
     env = os.environ if environ is None else environ
     raw = env.get(ATOM_ENV, "").strip()
@@ -95,7 +107,9 @@ class _Key:
         self.atoms = atoms  # (row_start, row_end, atom_key)
         self.starts = [a[0] for a in atoms]
         self.gstage: mx.nd.NDArray | None = None
-        self.wstage: mx.nd.NDArray | None = None
+        # One receive buffer per atom, each its own engine variable: a wait on one atom's result
+        # never waits for another atom's (slices of one array share one variable in MXNet's engine).
+        self.abufs: list[mx.nd.NDArray] = []
         self.last: "_Sync | None" = None
 
     def atoms_between(self, row_start: int, row_end: int) -> range:
@@ -127,11 +141,13 @@ class ScheduledKVStore(KVStoreBase):
         self.serializations = 2  # a push then a pull cross the link
         self._lock = threading.RLock()  # the scheduler and every call into the real store
         self._clock = clock or MonotonicClock()
-        # As in ByteScheduler's PS plugins, only rank 0 schedules; the others send each gradient's
-        # atoms as soon as it is ready. In dist_sync a key's round completes only when every worker
-        # pushed it, so two workers each holding a window of keys the other has not sent yet would
-        # wait for each other forever; rank 0's order becomes the global order instead.
-        local = self.settings if kvstore.rank == 0 else self.settings.replace(scheduler="fifo")
+        # As in ByteScheduler's PS plugins, only one worker (the leader, see is_leader) schedules; the
+        # others send each gradient's atoms as soon as it is ready. In dist_sync a key's round
+        # completes only when every worker pushed it, so two workers each holding a window of keys the
+        # other has not sent yet would wait for each other forever; the leader's order becomes the
+        # global order instead.
+        self.leader = is_leader(kvstore)
+        local = self.settings if self.leader else self.settings.replace(scheduler="fifo")
         self.scheduler = make_scheduler(local, self._clock, self, self._on_done)
         self._gate = EngineGate()
         self._keys: dict[Any, _Key] = {}
@@ -281,7 +297,8 @@ class ScheduledKVStore(KVStoreBase):
         self._send_optimizer()
         if entry.gstage is None:
             entry.gstage = mx.nd.zeros(entry.shape, ctx=values[0].context, dtype=entry.dtype)
-            entry.wstage = mx.nd.zeros(entry.shape, ctx=values[0].context, dtype=entry.dtype)
+            entry.abufs = [mx.nd.zeros((end - start,) + tuple(entry.shape[1:]), ctx=values[0].context,
+                                       dtype=entry.dtype) for start, end, _ in entry.atoms]
         shaped = [v.reshape(entry.shape) for v in values]
         if len(shaped) == 1:
             shaped[0].copyto(entry.gstage)
@@ -384,13 +401,17 @@ class ScheduledKVStore(KVStoreBase):
         entry = sync.key
         row_start, row_end, atom_key = entry.atoms[j]
         sync.state[j] = _SENT
-        self._real.push(atom_key, entry.gstage[row_start:row_end], priority=-index)
-        target = entry.wstage[row_start:row_end]
-        self._real.pull(atom_key, out=target, priority=-index)
+        target = entry.abufs[j]
+        self._transfer(atom_key, entry.gstage[row_start:row_end], target, -index)
         sync.sent_count += 1
         if sync.sent_count == len(entry.atoms):
             sync.all_sent.set()
         self._waiters.submit(self._wait_atom, sync, j, target)
+
+    def _transfer(self, atom_key: int, src: mx.nd.NDArray, dst: mx.nd.NDArray, priority: int) -> None:
+        """Push ``src`` under ``atom_key`` and pull the workers' sum into ``dst`` (engine ops, no wait)."""
+        self._real.push(atom_key, src, priority=priority)
+        self._real.pull(atom_key, out=dst, priority=priority)
 
     def _wait_atom(self, sync: _Sync, j: int, target: mx.nd.NDArray) -> None:
         try:
@@ -418,11 +439,13 @@ class ScheduledKVStore(KVStoreBase):
             if sync.token is None:
                 sync.done.set()
                 continue
-            wstage, outs, event = sync.key.wstage, sync.outs, sync.done
+            entry, outs, event = sync.key, sync.outs, sync.done
 
-            def deliver(wstage=wstage, outs=outs):
+            def deliver(entry=entry, outs=outs):
                 for out in outs:
-                    copy_raw(wstage, out)
+                    rows = out.reshape(entry.shape)
+                    for (row_start, row_end, _), buf in zip(entry.atoms, entry.abufs):
+                        copy_raw(buf, rows[row_start:row_end] if len(entry.atoms) > 1 else rows)
 
             self._gate.release(sync.token, deliver)
             event.set()
@@ -475,7 +498,7 @@ class ScheduledKVStore(KVStoreBase):
         """What the benchmark reports next to its timings."""
         sched = self.scheduler
         out = {"atoms": self._next_atom_key, "keys": len(self._keys), "iterations": self._iteration,
-               "steps_closed_idle": self.steps_closed_idle, "scheduling_rank": self.rank == 0,
+               "steps_closed_idle": self.steps_closed_idle, "scheduling_rank": self.leader,
                "bandwidth_Bps": sched.bandwidth.bytes_per_s}
         profiler = getattr(sched, "profiler", None)
         if profiler is not None and profiler.profile is not None:

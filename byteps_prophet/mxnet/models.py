@@ -6,6 +6,7 @@
   head (512*4*4 -> 4096 -> 4096 -> classes), 59.6 M parameters, most of them in the last layers to be
   produced and the first to be needed late: communication-heavy.
 * ``vgg16``: the model-zoo VGG-16 (224x224 inputs, 134 M parameters).
+* ``mlp``: a tiny perceptron (256 -> 512 -> 512 -> classes, 0.4 M parameters; tests).
 * ``transformer``: a transformer-ish MLP: token embedding projection, N residual blocks of
   LayerNorm + Dense(d, 4d) + GELU + Dense(4d, d), a classifier; 12.7 M parameters at d=512, N=6.
 """
@@ -17,8 +18,8 @@ from mxnet.gluon import nn
 
 from byteps_prophet.errors import UserError
 
-MODELS = ("resnet18", "resnet50", "vgg", "vgg16", "transformer")
-DEFAULT_INPUT = {"resnet18": 64, "resnet50": 64, "vgg": 32, "vgg16": 224, "transformer": 16}
+MODELS = ("resnet18", "resnet50", "vgg", "vgg16", "transformer", "mlp")
+DEFAULT_INPUT = {"resnet18": 64, "resnet50": 64, "vgg": 32, "vgg16": 224, "transformer": 16, "mlp": 256}
 
 
 class VGGStyle(gluon.HybridBlock):
@@ -80,6 +81,10 @@ def build(name: str, classes: int = 10) -> gluon.HybridBlock:
         return vision.vgg16(classes=classes)
     if name == "transformer":
         return TransformerMLP(classes)
+    if name == "mlp":
+        net = nn.HybridSequential()
+        net.add(nn.Dense(512, activation="relu"), nn.Dense(512, activation="relu"), nn.Dense(classes))
+        return net
     raise UserError(f"--model {name!r} is not a model; valid: {', '.join(MODELS)}")
 
 
@@ -87,4 +92,6 @@ def input_shape(name: str, batch: int, size: int | None = None) -> tuple[int, ..
     size = size or DEFAULT_INPUT[name]
     if name == "transformer":
         return (batch, size, 256)  # size tokens of 256 features
+    if name == "mlp":
+        return (batch, size)
     return (batch, 3, size, size)

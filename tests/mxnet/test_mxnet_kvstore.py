@@ -64,11 +64,24 @@ def test_invalid_scheduler_is_one_line_error():
     assert len(lines) == 1 and "BYTEPS_SCHEDULER='bogus'" in lines[0] and "prophet" in lines[0]
 
 
+@pytest.mark.parametrize("env, args, needle", [
+    ({"BYTEPS_SCHEDULER": "fifo"}, ["--tune-credit", "2"], "BYTEPS_SCHEDULER=bytescheduler"),
+    ({"BYTEPS_SCHEDULER": "bytescheduler"}, ["--tune-credit", "2", "--tune-probes", "x"], "--tune-probes 'x'"),
+    ({"BYTEPS_SCHEDULER": "bytescheduler"}, ["--tune-credit", "0"], "--tune-credit 0"),
+])
+def test_bench_tuning_arguments_are_checked_in_one_line(env, args, needle):
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.mxnet.bench", *args], env=dict(os.environ, **env),
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
 def test_bench_help_documents_the_arguments():
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--help"],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0
-    for flag in ("--model", "--steps", "--batch", "--backend", "--warmup", "--json-out"):
+    for flag in ("--model", "--steps", "--batch", "--backend", "--warmup", "--json-out", "--tune-credit", "--tune-probes"):
         assert flag in proc.stdout
 
 
@@ -166,7 +179,7 @@ def test_bench_prints_one_json_line(tmp_path):
                        workers=2, env={"BYTEPS_SCHEDULER": "prophet"}, timeout=240)
     assert result.ok, result.reason
     lines = [l for lines in result.output.values() for l in lines if l.startswith("{")]
-    assert len(lines) == 1
+    assert len(lines) == 1 and lines[0] in result.output["worker-0"]  # the leader: DMLC_WORKER_ID=0
     data = json.loads(lines[0])
     assert data["scheduler"] == "prophet" and data["framework"] == "mxnet" and len(data["step_s"]) == 3
     assert data["samples_per_s"] > 0
