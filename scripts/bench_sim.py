@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from byteps_prophet.core import ManualClock, Settings, Task, make_scheduler
+from byteps_prophet.core import ManualClock, Prophet, Settings, Task, make_scheduler
 from byteps_prophet.sim.costmodel import compute_times
 from byteps_prophet.sim.engine import ClusterSpec, Simulation, layers_from
 from byteps_prophet.sim.runner import CREDIT_SWEEP, compare
@@ -28,10 +28,21 @@ from byteps_prophet.sim.zoo import MODELS, get_model
 GBIT = 1e9 / 8
 
 
+def previous_rule(run):
+    """``run()`` with Prophet's default mode as it was before it counted bytes still to arrive."""
+    Prophet.count_arrivals_to_come = False
+    try:
+        return run()
+    finally:
+        Prophet.count_arrivals_to_come = True
+
+
 def grid_cell(layers, cluster, iterations):
-    c = compare(layers, cluster, ["fifo", "bytescheduler", "prophet"], iterations=iterations,
-                warmup=min(10, iterations // 3))
+    warmup = min(10, iterations // 3)
+    c = compare(layers, cluster, ["fifo", "bytescheduler", "prophet"], iterations=iterations, warmup=warmup)
     r = {name: res.iter_s for name, res in c.results.items()}
+    r["prophet_previous_rule"] = previous_rule(
+        lambda: Simulation(layers, cluster, Settings(scheduler="prophet"), iterations, warmup).run().iter_s)
     best = r["bytescheduler_best"]
     return {
         "lower_bound_ms": c.lower_bound_s * 1e3,
@@ -51,11 +62,12 @@ def changing_conditions(iterations=80):
     run = lambda s: Simulation(layers, cluster, s, iterations, warmup=0).run().finish_s  # noqa: E731
     static = {c: run(Settings(scheduler="bytescheduler", credit=c)) for c in CREDIT_SWEEP}
     prophet = run(Settings(scheduler="prophet"))
+    previous = previous_rule(lambda: run(Settings(scheduler="prophet")))
     paper = run(Settings(scheduler="prophet", prophet_mode="paper"))
     return {
         "setup": "resnet50, 8 workers, ps; bandwidth 10 -> 3 (t=2s) -> 25 Gbit/s (t=4.5s); compute x1.3 "
                  f"from t=3s to 5.5s; {iterations} iterations; total run time",
-        "prophet_s": prophet, "prophet_paper_s": paper,
+        "prophet_s": prophet, "prophet_paper_s": paper, "prophet_previous_rule_s": previous,
         "static_credit_s": {str(c): t for c, t in static.items()},
         "best_static_credit": min(static, key=static.get),
         "prophet_vs_best_static": prophet / min(static.values()),
@@ -168,6 +180,10 @@ def summarize(grid) -> dict:
         "cells_above_5pct_of_lower_bound_for_prophet": sum(
             c["ratio_to_lower_bound"]["prophet"] > 1.05 for c in grid),
     }
+    previous = [c["ratio_to_best_credit"].get("prophet_previous_rule") for c in grid]
+    if None not in previous:
+        summary["previous_rule_within_1pct_of_best_credit"] = sum(r <= 1.01 for r in previous)
+        summary["previous_rule_vs_best_credit_max"] = max(previous)
     for w in sorted({c["workers"] for c in grid}):
         sub = [c["ratio_to_best_credit"]["prophet"] for c in grid if c["workers"] == w]
         summary[f"workers_{w}"] = {"cells": len(sub), "within_1pct": sum(r <= 1.01 for r in sub), "worst": max(sub)}

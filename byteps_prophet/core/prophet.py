@@ -16,8 +16,10 @@ Two modes:
            While bytes are pending, send whenever the first stage would free before the next event
            (completion or predicted arrival) -- the last chance to decide without idling it. The
            piece is the most urgent pending rows, cut to end on the link:
-           * before the next predicted arrival, when the backlog clears before the predicted end of
-             backward (only then can an arrival waiting behind a chunk delay the next forward);
+           * before the next predicted arrival, when the backlog -- the bytes pending now plus
+             those predicted to arrive before the end (sizes as last posted) -- clears before the
+             predicted end of backward (only then can an arrival waiting behind a chunk delay the
+             next forward; otherwise a cut only adds a message to a link busy to the end);
            * at the predicted end of backward, when the link is backlogged past it (arrivals until
              then only reorder a busy link; gradient 0 must not wait behind a long chunk);
            * after the last arrival, in equal chunks ``c = sqrt(P * bandwidth * cost / (stages-1))``
@@ -41,6 +43,10 @@ PACE_LIMITS = (0.5, 2.0)
 
 class Prophet(ByteScheduler):
     name = "prophet"
+    # Whether "the backlog clears before the predicted end of backward" counts the bytes predicted to
+    # arrive before then (True), or only those pending now (False: the rule before, which cut chunks
+    # for arrivals even when the link was busy to the end anyway; kept so the benchmark can show it).
+    count_arrivals_to_come = True
 
     def __init__(self, settings, clock, transport, on_done=None) -> None:
         super().__init__(settings.replace(credit_tuning=False), clock, transport, on_done)
@@ -56,6 +62,8 @@ class Prophet(ByteScheduler):
         self._block_sizes: list[int] = []
         self._missing: list[int] = []  # per block: gradients not yet arrived this iteration
         self._span = 0.0
+        self._sizes: dict[int, int] = {}  # bytes of each gradient, as last posted
+        self._bytes_from: list[int] = [0]  # per position in _order: bytes of it and later arrivals
         self._iteration: int | None = None
         self._first_ready = 0.0
         self._arrived: set[int] = set()
@@ -77,6 +85,7 @@ class Prophet(ByteScheduler):
         if task.iteration != self._iteration:
             self._begin_iteration(task.iteration, now)
         index = task.index
+        self._sizes[index] = task.nbytes
         self.profiler.record(task.iteration, index, now)
         arrived = self._arrived
         first = index not in arrived
@@ -111,6 +120,13 @@ class Prophet(ByteScheduler):
                 self._block_sizes = [len(block.indices) for block in plan.blocks]
                 self._span = plan.span
                 self._derived_from = plan
+                # Bytes still to arrive before the end of backward, by position in _order: the
+                # arrival at the end itself (gradient 0's) is left out.
+                sizes, total = self._sizes, 0
+                self._bytes_from = [0] * (len(self._order) + 1)
+                for k in range(len(self._order) - 2, -1, -1):
+                    total += sizes.get(self._order[k], 0)
+                    self._bytes_from[k] = total
             self._missing = list(self._block_sizes)
         self._upcoming = 0
         self._pace = 1.0
@@ -177,6 +193,7 @@ class Prophet(ByteScheduler):
         first_ready, pace, upcoming = self._first_ready, self._pace, self._upcoming
         next_ready = first_ready + pace * self._order_offsets[upcoming] if upcoming < len(self._order) else None
         end = first_ready + pace * self._span
+        to_come = self._bytes_from[upcoming] if self.count_arrivals_to_come else 0
         bandwidth = None  # read on the first send: most calls find the link busy and send nothing
         while queue:
             start = stage_free[0] + lag  # when the first stage of the link can take it
@@ -196,7 +213,7 @@ class Prophet(ByteScheduler):
                 cap = self.settings.max_chunk_bytes or math.inf
             # Bytes for the chunk that starts on the link at ``start`` (module docstring).
             if start < end:
-                if next_ready is not None and start + self.pending_bytes / bandwidth < end:
+                if next_ready is not None and start + (self.pending_bytes + to_come) / bandwidth < end:
                     chunk = bandwidth * (next_ready - start - cost)  # done before the next arrival
                 else:
                     chunk = bandwidth * (end - start - cost)  # backlogged through the end of backward

@@ -164,7 +164,7 @@ class Simulation:
         layer = self.layers[i]
         self._synced[i] = False
         task = Task(layer.name, i, layer.shape, layer.itemsize, iteration=self._iteration)
-        if self._traced(task):
+        if self._trace is not None and self._traced(task):
             self._trace.ready[i] = self.loop.time
         self.scheduler.post(task)
         if i > 0:
@@ -177,12 +177,12 @@ class Simulation:
     # -- communication ---------------------------------------------------------------------------------
     def _on_piece_finished(self, piece: Task) -> None:
         self._sent.append(piece)
-        if self._traced(piece):
+        if self._trace is not None and self._traced(piece):
             self._trace.pieces.append((piece.index, piece.key, piece.start_time, self.loop.time))
         self.scheduler.finished(piece)
 
     def _on_synced(self, task: Task) -> None:
-        if self._traced(task):
+        if self._trace is not None and self._traced(task):
             self._trace.done[task.index] = self.loop.time
         self._synced[task.index] = True
         if self._waiting_for == task.index:

@@ -99,6 +99,19 @@ def test_cuts_a_chunk_to_finish_before_the_next_predicted_arrival():
         assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
 
 
+def test_does_not_cut_for_an_arrival_when_later_arrivals_keep_the_link_busy_to_the_end():
+    """Cutting before an arrival only pays when the link would otherwise go idle before the end of
+    backward; when the bytes still to arrive keep it busy to the end, a cut only adds a message."""
+    loop = Loop()
+    scheduler, link = make(loop, partition=10**9)
+    # 20 MB now, 40 MB at 10 ms, the last (small) at 50 ms: 60 ms of bytes before a 50 ms end.
+    arrivals = [(2, 0.0, (5000, 1000)), (1, 0.010, (10000, 1000)), (0, 0.050, (10, 1000))]
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=0.3)
+    assert scheduler._plan is not None
+    last = [task for _, task in link.sent if task.iteration == 5]
+    assert last[0].index == 2 and last[0].rows == 5000  # sent whole: no message spent on a cut
+
+
 def stepwise_layers():
     shapes = [(64, 27), (64,), (128, 576), (128,), (256, 1152), (256,), (512, 2304), (4096, 4096),
               (4096,), (1000, 4096), (1000,)]
