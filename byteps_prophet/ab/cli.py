@@ -29,6 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-netns", action="store_true", help="plain loopback (no shaping)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", default=None, metavar="PNG")
+    p.add_argument("--record", default=None, metavar="DIR",
+                   help="write each run's profile (for `simulate --profile`) and rank-0 event trace into DIR")
     p.set_defaults(func=run)
 
 
@@ -41,7 +43,7 @@ def run(args) -> int:
                    batch=args.batch, width=args.width, threads=args.threads,
                    bandwidth_schedule=[s.strip() for s in args.bandwidth_schedule.split(",") if s.strip()],
                    tune=not args.no_tune, tune_probe_steps=args.tune_steps, tune_probes=args.tune_probes,
-                   timeout=args.timeout, netns=False if args.no_netns else None)
+                   timeout=args.timeout, netns=False if args.no_netns else None, record=args.record)
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency

@@ -47,6 +47,7 @@ class ABConfig:
     timeout: float = 900.0
     netns: bool | None = None
     variants: tuple[str, ...] = VARIANTS
+    record: str | None = None  # directory: each run's profile and rank-0 trace (<variant>_r<round>.*.json)
 
     def validate(self) -> None:
         if self.framework not in BACKENDS:
@@ -137,7 +138,7 @@ class ABRunner:
         env["BYTEPS_PROPHET_TIMEOUT"] = str(int(min(self.cfg.timeout, 600)))
         return env
 
-    def _one(self, cluster, variant: str, tune: bool = False) -> dict:
+    def _one(self, cluster, variant: str, tune: bool = False, tag: str = "") -> dict:
         cfg = self.cfg
         schedule = list(cfg.bandwidth_schedule) if not tune else []
         changes: list[tuple[float, str]] = []
@@ -160,7 +161,14 @@ class ABRunner:
                     changes.append((round(time.monotonic() - started, 3), rate))
 
         command = bench_command(cfg, progress=bool(cfg.bandwidth_schedule) and not tune, tune=tune)
-        result = cluster.run(command, env=self._env(cluster, variant), timeout=cfg.timeout, output=sink)
+        env = self._env(cluster, variant)
+        recorded = {}
+        if cfg.record and not tune and cfg.framework == "torch":
+            base = os.path.join(os.path.abspath(cfg.record), f"{variant}{tag}")
+            recorded = {"profile": base + ".profile.json", "trace": base + ".trace.json"}
+            env["BYTEPS_PROPHET_PROFILE"] = recorded["profile"]
+            env["BYTEPS_PROPHET_TRACE"] = recorded["trace"]
+        result = cluster.run(command, env=env, timeout=cfg.timeout, output=sink)
         if cfg.bandwidth_schedule and cluster.use_netns:
             cluster.set_bandwidth(cfg.bandwidth)
         data = parse_result(result.output.get("worker-0", []))
@@ -168,6 +176,8 @@ class ABRunner:
             tail = " | ".join(line for line in result.output.get(result.failed or "worker-0", [])[-3:])
             raise UserError(f"{variant} run failed: {result.reason}; last output: {tail[-400:]}")
         data.update(variant=variant, elapsed_s=result.elapsed, bandwidth_changes=changes)
+        if recorded:
+            data["recorded"] = recorded
         return data
 
     # -- the experiment ---------------------------------------------------------------------------------------
@@ -176,6 +186,8 @@ class ABRunner:
         variants = [v for v in cfg.variants if v != "bytescheduler_tuned" or cfg.tune]
         total = len(variants) * cfg.rounds + (1 if cfg.tune else 0)
         bar = self.progress(total=total, desc="ab", unit="run") if self.progress else None
+        if cfg.record:
+            os.makedirs(cfg.record, exist_ok=True)
         with self._cluster() as cluster:
             self.netns = bool(cluster.use_netns)
             if not cluster.use_netns:
@@ -191,7 +203,7 @@ class ABRunner:
                 for variant in order:
                     if bar:
                         bar.set_postfix_str(f"round {r + 1}/{cfg.rounds}: {variant}")
-                    data = self._one(cluster, variant)
+                    data = self._one(cluster, variant, tag=f"_r{r}")
                     data["round"] = r
                     self.runs.append(data)
                     if bar:

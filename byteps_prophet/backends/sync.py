@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import defaultdict, deque
 from typing import Callable
 
@@ -147,6 +148,8 @@ class Synchroniser:
 
     # -- both -----------------------------------------------------------------------------------------
     def _issue(self, op: Op) -> None:
+        if op.piece is not None:
+            op.extra["issue"] = time.monotonic()
         op.seq = self._seq
         self._seq += 1
         handle = self.backend.issue(op)

@@ -78,6 +78,37 @@ def default_backend_name() -> str:
     return "local"
 
 
+def _link_mode() -> str:
+    mode = os.environ.get("BYTEPS_PROPHET_LINK", "measured").strip().lower() or "measured"
+    if mode not in ("measured", "core"):
+        raise ConfigError(f"BYTEPS_PROPHET_LINK={mode!r} is invalid; valid: measured, core")
+    return mode
+
+
+PROPHET_PARTITION = 4_000_000  # elements: Prophet's pieces in the queue; its own cuts size what is sent
+
+
+def _prophet_settings(settings: Settings) -> Settings:
+    """Prophet cuts pieces to its predictions itself; ByteScheduler's 1 M-element partition only adds
+    messages, and on the real engines every message pays a start-up latency (docs/AB.md). So, unless
+    a partition is set (``BYTESCHEDULER_PARTITION`` or a non-default ``Settings.partition``), Prophet queues pieces of ``BYTEPS_PROPHET_PARTITION`` elements
+    (default 4 M, ByteScheduler's default credit; 0 keeps the ByteScheduler partition)."""
+    from byteps_prophet.core.settings import DEFAULT_PARTITION
+
+    if (settings.scheduler != "prophet" or settings.partition != DEFAULT_PARTITION
+            or os.environ.get("BYTESCHEDULER_PARTITION", "").strip()):
+        return settings
+    raw = os.environ.get("BYTEPS_PROPHET_PARTITION", "").strip() or str(PROPHET_PARTITION)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"BYTEPS_PROPHET_PARTITION={raw!r} is invalid; valid: an integer >= 0 (elements; 0 = "
+                          f"BYTESCHEDULER_PARTITION)")
+    return settings.replace(partition=value) if value else settings
+
+
 class _Param:
     __slots__ = ("name", "index", "param", "group", "twin", "pending", "zero_after", "payload", "ctx",
                  "rows_left", "posted_iteration")
@@ -118,6 +149,9 @@ class _Engine:
         self._ends_sent: set[int] = set()
         self._pending_count = 0
         self.closed = False
+        # BYTEPS_PROPHET_TRACE=PATH: rank 0 logs every event with its time (docs/PYTORCH.md, "Trace")
+        self._trace_path = os.environ.get("BYTEPS_PROPHET_TRACE") or None
+        self.trace: list | None = [] if self._trace_path else None
 
         group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
         self.params: list[_Param] = []
@@ -137,7 +171,12 @@ class _Engine:
             self.by_name[name] = entry
 
         self.leader = backend.rank == 0
+        settings = self.settings = _prophet_settings(settings)
         self.scheduler = make_scheduler(settings, self.clock, self, self._on_done) if self.leader else None
+        if self.scheduler is not None and _link_mode() == "measured":
+            from byteps_prophet.backends.link import LinkMonitor
+
+            self.scheduler.bandwidth = LinkMonitor(serializations=backend.serializations)
         self.serializations = backend.serializations  # the Transport contract
         self._done: list[_Param] = []
         self.sync = Synchroniser(backend, self._on_op_finished, self._on_error)
@@ -225,6 +264,8 @@ class _Engine:
             if self.leader:
                 task = Task(entry.name, entry.index, tuple(wire.shape) or (1,), wire.element_size(),
                             self.iteration, payload=entry)
+                if self.trace is not None:
+                    self.trace.append(["ready", self.iteration, entry.index, task.nbytes, now])
                 self.scheduler.post(task)
         if not self.leader:
             self.sync.local_ready(self.iteration, entry.name, entry.payload)
@@ -242,6 +283,8 @@ class _Engine:
         with self.lock:
             self._backward_ended = True
             if self.leader:
+                if self.trace is not None:
+                    self.trace.append(["eob", iteration, self.clock.now()])
                 self.scheduler.end_of_backward(iteration)
                 self._maybe_end_iteration(iteration)
         if not self.leader:
@@ -262,6 +305,8 @@ class _Engine:
         entry: _Param = piece.root.payload
         op = Op(piece.name, piece.iteration, piece.row_start, piece.row_end,
                 entry.payload[piece.row_start:piece.row_end], piece=piece)
+        if self.trace is not None:
+            op.extra["submit"] = self.clock.now()
         self.sync.submit(op)
 
     def _on_done(self, task: Task) -> None:
@@ -274,8 +319,16 @@ class _Engine:
     def _on_op_finished(self, op: Op) -> None:
         if self.leader:
             with self.lock:
+                if self.trace is not None:
+                    now = self.clock.now()
                 self.scheduler.finished(op.piece)
                 done, self._done = self._done, []
+                if self.trace is not None:
+                    bw = self.scheduler.bandwidth
+                    piece = op.piece
+                    self.trace.append(["op", op.iteration, piece.index, op.row_start, op.row_end, piece.nbytes,
+                                       op.extra.get("submit"), op.extra.get("issue"), now,
+                                       bw.bytes_per_s, bw.message_cost])
         else:
             entry = self.by_name[op.name]
             entry.rows_left -= op.row_end - op.row_start
@@ -343,7 +396,12 @@ class _Engine:
             waiting = [self.by_id[id(p)] for p in module._parameters.values()
                        if p is not None and id(p) in self.by_id]
             if waiting:
-                self._wait_for(waiting)
+                if self.trace is not None and self.leader and any(e.pending for e in waiting):
+                    t0 = self.clock.now()
+                    self._wait_for(waiting)
+                    self.trace.append(["wait", self.iteration, waiting[0].index, t0, self.clock.now()])
+                else:
+                    self._wait_for(waiting)
         elif self.error is not None and not self.closed:
             self.raise_if_failed()
         if self._recorder is not None and not self.closed:
@@ -409,6 +467,20 @@ class _Engine:
         self._recorder.profile().save(path)
         return path
 
+    def save_trace(self) -> str | None:
+        if self.trace is None or not self._trace_path or not self.leader:
+            return None
+        import json
+
+        path = self._trace_path.replace("{rank}", str(self.backend.rank))
+        meta = {"scheduler": self.settings.scheduler, "backend": self.backend.name, "world_size": self.backend.size,
+                "serializations": self.backend.serializations,
+                "tensors": [[e.index, e.name, list(e.param.shape), e.param.numel() * e.param.element_size()]
+                            for e in self.params]}
+        with open(path, "w") as f:
+            json.dump({"meta": meta, "events": self.trace}, f)
+        return path
+
     # -- step -----------------------------------------------------------------------------------------------
     def finish_backward(self) -> None:
         """Make sure this iteration's gradients are all posted and its backward pass is closed."""
@@ -422,6 +494,8 @@ class _Engine:
         self._end_backward()
 
     def step_done(self) -> None:
+        if self.trace is not None and self.leader:
+            self.trace.append(["step", self.iteration, self.clock.now()])
         if self._recorder is not None and self._iter_open:
             self._iteration_end_pending = True
         self.iteration += 1
@@ -444,6 +518,7 @@ class _Engine:
             for h in self._hooks + self._global_hooks:
                 h.remove()
             self.sync.close()
+            self.save_trace()
             try:
                 self.save_profile()
             except UserError as err:  # a profile problem must not fail the training job

@@ -1,0 +1,132 @@
+"""How a real backend's link is described to the scheduler: which completions measure the link.
+
+The core's :class:`~byteps_prophet.core.bandwidth.BandwidthMonitor` treats a transfer that ran alone
+as exact: its whole time in flight is service time of a FIFO link. On the real engines that is not
+what an operation's time in flight is. Measured on the local cluster (2 workers, 300 Mbit/s, gloo,
+docs/AB.md "Why Prophet was slower"):
+
+* an all-reduce only starts when *every* rank has issued it, so an op rank 0 sends before rank 1's
+  copy of that gradient is ready "takes" as long as rank 1 is behind (tens to hundreds of ms for an
+  8 KB bias), and
+* each op pays a start-up latency (threads to wake on a loaded CPU, TCP ramp-up) that does **not**
+  occupy the link: a second op in flight overlaps it. Alone, a 50 KB all-reduce took 30 ms on the
+  loaded 2-core machine; with 4 in flight the link stayed full.
+
+Fed with such samples the core fitted a "per-message cost" of 50-200 ms and a bandwidth of a third
+of the link's; Prophet then believed every message occupied the link for that long, kept one or two
+small ops in flight and left the link idle for most of every op's start-up.
+
+:class:`LinkMonitor` (same interface, installed by the plugin as ``scheduler.bandwidth``) keeps the
+core's two estimators but feeds them differently:
+
+* **service samples only from back-to-back completions**: an op that was already in flight when the
+  previous one finished was queued on a busy link, so the time between the two completions is what
+  the link spent on it (start-up latency and the followers' lateness overlapped the previous op);
+  an op sent onto an idle link gives no service sample;
+* **delivery rate** (bytes delivered while an op was in flight over its time in flight, recent
+  maximum) as the fallback rate, as in the core;
+* the **latency** an op pays on an idle link (time in flight minus its bytes at the measured rate)
+  is tracked separately (``latency``), for reporting only: it is not a cost the link serialises.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from byteps_prophet.core.bandwidth import BandwidthMonitor
+
+MIN_FIT = 8
+
+
+class LinkMonitor(BandwidthMonitor):
+    def __init__(self, window: int = 64, serializations: int = 1) -> None:
+        super().__init__(window=window, serializations=serializations)
+        self._window = window
+        self._lm_reset()
+
+    def _lm_reset(self) -> None:
+        self._lm_flight: dict[int, tuple[float, int]] = {}
+        self._lm_delivered = 0
+        self._lm_rates: deque[float] = deque(maxlen=self._window // 2)
+        self._lm_samples: deque[tuple[float, float]] = deque(maxlen=self._window)
+        self._lm_latency: deque[float] = deque(maxlen=self._window // 2)
+        self._lm_last_finish = float("-inf")
+        self._lm_fit_at = -1
+        self._lm_fit: tuple[float, float] | None = None
+        self.samples = 0
+
+    # -- events ---------------------------------------------------------------------------------------
+    def on_send(self, task, now: float) -> None:
+        self._lm_flight[id(task)] = (now, self._lm_delivered)
+
+    def on_finish(self, task, now: float) -> None:
+        sent_at, delivered_at_send = self._lm_flight.pop(id(task), (None, 0))
+        self._lm_delivered += task.nbytes
+        last, self._lm_last_finish = self._lm_last_finish, now
+        if sent_at is None or now <= sent_at:
+            return
+        self._lm_rates.append((self._lm_delivered - delivered_at_send) / (now - sent_at))
+        self.samples += 1
+        if sent_at < last < now:  # queued behind the previous op: the gap is this op's service
+            self._lm_samples.append((float(task.nbytes), (now - last) / self.serializations))
+        else:
+            rate = self.bytes_per_s
+            if rate:
+                self._lm_latency.append(max(0.0, (now - sent_at) - self.serializations * task.nbytes / rate))
+
+    # -- estimates ------------------------------------------------------------------------------------
+    def _fit(self):
+        if self._lm_fit_at == self.samples:
+            return self._lm_fit
+        self._lm_fit_at = self.samples
+        self._lm_fit = None
+        pts = self._lm_samples
+        n = len(pts)
+        if n >= MIN_FIT:
+            mx = sum(x for x, _ in pts) / n
+            my = sum(y for _, y in pts) / n
+            vx = sum((x - mx) ** 2 for x, _ in pts) / n
+            if vx > (0.05 * mx) ** 2:
+                slope = sum((x - mx) * (y - my) for x, y in pts) / n / vx
+                if slope > 0:
+                    intercept = my - slope * mx
+                    self._lm_fit = (0.0, my / mx) if intercept < 0 else (intercept, slope)
+            elif mx > 0 and my > 0:
+                self._lm_fit = (0.0, my / mx)
+        return self._lm_fit
+
+    @property
+    def known(self) -> bool:
+        return bool(self._lm_rates)
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        return self.rate_and_cost()[0]
+
+    @property
+    def message_cost(self) -> float:
+        return self.rate_and_cost()[1]
+
+    def rate_and_cost(self) -> tuple[float | None, float]:
+        fit = self._fit()
+        peak = max(self._lm_rates) if self._lm_rates else None
+        if fit is None:
+            return peak, 0.0
+        rate = 1.0 / fit[1]
+        # a back-to-back gap can be shortened by an op that overlapped the previous one (several
+        # collectives run at once): never believe more than the best delivery rate seen
+        if peak is not None and rate > peak:
+            rate = peak
+        return rate, fit[0]
+
+    @property
+    def latency(self) -> float:
+        """Median start-up latency of an op sent onto an idle link (seconds; 0 until measured)."""
+        return statistics.median(self._lm_latency) if self._lm_latency else 0.0
+
+    @property
+    def in_flight_count(self) -> int:
+        return len(self._lm_flight)
+
+    def reset(self) -> None:
+        self._lm_reset()
