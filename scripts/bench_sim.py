@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -21,11 +22,34 @@ from tqdm import tqdm
 
 from byteps_prophet.core import ManualClock, Prophet, Settings, Task, make_scheduler
 from byteps_prophet.sim.costmodel import compute_times
-from byteps_prophet.sim.engine import ClusterSpec, Simulation, layers_from
+from byteps_prophet.sim.engine import ClusterSpec, Simulation, layers_from, lower_bound_s
 from byteps_prophet.sim.runner import CREDIT_SWEEP, compare
 from byteps_prophet.sim.zoo import MODELS, get_model
 
 GBIT = 1e9 / 8
+
+
+def message_bound_s(layers, cluster, partition=Settings().partition) -> float:
+    """The lower bound with per-message costs: ByteScheduler and Prophet never put more than one
+    partition in a message, so the bottleneck carries every byte and at least one message per
+    partition, each paying its fixed cost (``lower_bound_s`` ignores those). Not a bound for FIFO,
+    which sends whole tensors."""
+    network = Simulation(layers, cluster, Settings()).network
+    messages = sum(len(Task(layer.name, i, layer.shape, layer.itemsize).partition(partition))
+                   for i, layer in enumerate(layers))
+    if cluster.arch == "allreduce" and cluster.workers > 1:
+        per_message = 2 * (cluster.workers - 1) * (cluster.overhead + cluster.latency)
+    else:
+        per_message = cluster.overhead
+    total = sum(math.prod(layer.shape) * layer.itemsize for layer in layers)
+    return max(lower_bound_s(layers, cluster), network.comm_time(total, cluster.bandwidth) + messages * per_message)
+
+
+def add_message_bound(cell, layers, cluster) -> None:
+    bound = message_bound_s(layers, cluster)
+    cell["message_bound_ms"] = bound * 1e3
+    cell["ratio_to_message_bound"] = {k: v / cell["message_bound_ms"] for k, v in cell["iter_ms"].items()
+                                      if k != "fifo"}
 
 
 def previous_rule(run):
@@ -162,6 +186,20 @@ def simulator_speed(repeats=3):
 
 
 PARTS = ("grid", "changing", "decision", "speed")
+COLUMNS = ("fifo", "bytescheduler", "bytescheduler_best", "prophet", "prophet_paper", "prophet_previous_rule")
+
+
+def compact(result: dict) -> dict:
+    """The results in a small committed form: one row per grid cell, iteration times in ms."""
+    rows = [[c["model"], c["arch"], c["workers"], c["gbit"], round(c["lower_bound_ms"], 3),
+             round(c.get("message_bound_ms", float("nan")), 3), c["best_credit"],
+             *(round(c["iter_ms"][k], 3) if k in c["iter_ms"] else None for k in COLUMNS)]
+            for c in result.get("grid", [])]
+    return {"grid_setup": result.get("grid_setup"),
+            "grid_columns": ["model", "arch", "workers", "gbit", "lower_bound_ms", "message_bound_ms",
+                             "best_credit", *(f"{k}_ms" for k in COLUMNS)],
+            "grid": rows, "summary": result.get("summary"),
+            **{k: result[k] for k in ("changing_conditions", "decision_cost", "simulator_speed") if k in result}}
 
 
 def summarize(grid) -> dict:
@@ -179,6 +217,10 @@ def summarize(grid) -> dict:
             c["ratio_to_lower_bound"]["bytescheduler_best"] > 1.05 for c in grid),
         "cells_above_5pct_of_lower_bound_for_prophet": sum(
             c["ratio_to_lower_bound"]["prophet"] > 1.05 for c in grid),
+        "cells_above_5pct_of_message_bound_for_best_credit": sum(
+            c["ratio_to_message_bound"]["bytescheduler_best"] > 1.05 for c in grid if "ratio_to_message_bound" in c),
+        "cells_above_5pct_of_message_bound_for_prophet": sum(
+            c["ratio_to_message_bound"]["prophet"] > 1.05 for c in grid if "ratio_to_message_bound" in c),
     }
     previous = [c["ratio_to_best_credit"].get("prophet_previous_rule") for c in grid]
     if None not in previous:
@@ -198,14 +240,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="resnet50 and vgg16, 8 workers only")
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--workers", default="2,8,32", help="comma-separated worker counts of the grid")
+    ap.add_argument("--compact", metavar="JSON", help="also write a compact copy (docs/bench_sim_results.json)")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help="comma-separated parts to run (grid, changing, decision, speed); the others are kept "
                          "from an existing --out file, so the timed parts can run alone under a lock")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if parts == ["none"]:  # only rewrite --compact from --out
+        parts = []
+    elif not parts:
+        parts = ["?"]
     bad = [p for p in parts if p not in PARTS]
-    if bad or not parts:
-        print(f"--parts {','.join(bad) or repr(args.parts)} is unknown; valid: {', '.join(PARTS)}", file=sys.stderr)
+    if bad:
+        print(f"--parts {','.join(bad) or repr(args.parts)} is unknown; valid: {', '.join(PARTS)} or none", file=sys.stderr)
         raise SystemExit(2)
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {}
@@ -220,7 +267,9 @@ def main() -> None:
                 spec = get_model(m)
                 layer_cache[m] = layers_from(spec, compute_times(spec, spec.default_batch))
             cell = grid_cell(layer_cache[m], ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT), args.iterations)
-            grid.append({"model": m, "arch": arch, "workers": w, "gbit": g, **cell})
+            cell = {"model": m, "arch": arch, "workers": w, "gbit": g, **cell}
+            add_message_bound(cell, layer_cache[m], ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT))
+            grid.append(cell)
         result["grid_setup"] = {"iterations": args.iterations, "warmup": min(10, args.iterations // 3),
                                 "batch": "each model's default", "credit_sweep": list(CREDIT_SWEEP)}
         result["grid"] = grid
@@ -237,8 +286,13 @@ def main() -> None:
         result["simulator_speed"] = simulator_speed()
         print(json.dumps(result["simulator_speed"]["wall"]))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    if parts:
+        out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out}")
+    if args.compact:
+        text = json.dumps(compact(result), indent=None, separators=(",", ":"))
+        Path(args.compact).write_text(text.replace("],[", "],\n[") + "\n")
+        print(f"wrote {args.compact}")
 
 
 if __name__ == "__main__":
