@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from heapq import heappop, heappush
 
 from byteps_prophet.core.bytescheduler import ByteScheduler
 from byteps_prophet.core.profiler import ReadyProfiler, StepProfile
@@ -226,7 +227,15 @@ class Prophet(ByteScheduler):
                 chunk = floor
             if chunk > cap:
                 chunk = cap
-            piece = self._cut(self._pop(), chunk)
+            # The most urgent pending rows, cut to ``chunk`` (``_cut``, inlined): the rest stays queued.
+            piece = heappop(queue)[2]
+            if piece.nbytes > 1.25 * chunk:
+                rows = max(1, int(chunk // (piece.row_numel * piece.itemsize)))
+                if rows < piece.rows:
+                    head = piece.split_head(rows)
+                    heappush(queue, (piece.priority, next(self._sequence), piece))
+                    piece = head
+            self.pending_bytes -= piece.nbytes
             # Advance the link model: each stage serves the piece after the previous stage and after
             # the piece before it, for ``cost + bytes / bandwidth``.
             service, done = cost + piece.nbytes / bandwidth, now
@@ -239,6 +248,8 @@ class Prophet(ByteScheduler):
             self._start(piece)
             if self._dispatch_again:  # a synchronous transport delivered events: re-read what they move
                 lag, next_ready, end = self._lag, self._predicted_next_ready(), self._predicted_end()
+                if self.count_arrivals_to_come:
+                    to_come = self._bytes_from[self._upcoming]
 
     def _on_finished(self, piece: Task) -> None:
         self.credit = min(self.credit + piece.numel, self.credit_limit)  # ByteScheduler's
@@ -267,8 +278,7 @@ class Prophet(ByteScheduler):
         rows = max(1, int(nbytes // (piece.row_numel * piece.itemsize)))
         if rows >= piece.rows:
             return piece
-        head = piece.slice(piece.row_start, piece.row_start + rows, part=piece.part)
-        piece._drop_rows(rows)  # the queued slice, never sent yet, becomes the remainder
+        head = piece.split_head(rows)  # the queued slice, never sent yet, keeps the rest
         self._enqueue(piece)
         return head
 

@@ -40,7 +40,7 @@ class Task:
     ready_time: float = math.nan
     start_time: float = math.nan
     finish_time: float = math.nan
-    # Derived at construction (and by ``_drop_rows``; nothing else changes rows, shape or index):
+    # Derived at construction (and by ``split_head``; nothing else changes rows, shape or index):
     # schedulers read them on every event, so they are plain attributes, not recomputed properties.
     rows: int = field(init=False, repr=False)
     row_numel: int = field(init=False, repr=False)
@@ -63,12 +63,28 @@ class Task:
         self.nbytes = numel * self.itemsize
         self.priority = self.index * PRIORITY_STRIDE + self.part
 
-    def _drop_rows(self, rows: int) -> None:
-        """Shrink an unsent slice to drop its first ``rows`` (a scheduler cutting its head off)."""
-        if self.parent is None or self.state is not State.READY or not 0 < rows < self.rows:
-            raise ValueError(f"cannot drop {rows} rows of {self!r}")
-        self.row_start += rows
+    def split_head(self, rows: int) -> "Task":
+        """Cut the first ``rows`` off an unsent slice: they come back as a new slice (same partition
+        number), and this slice keeps the rest (a scheduler cutting a queued piece)."""
+        parent = self.parent
+        if parent is None or self.state is not State.READY or not 0 < rows < self.rows:
+            raise ValueError(f"cannot split {rows} rows off {self!r}")
+        root = parent.root
+        head = _new_task(Task)
+        head.name, head.index, head.shape, head.itemsize, head.iteration, head.payload = \
+            self.name, self.index, self.shape, self.itemsize, self.iteration, self.payload
+        start = self.row_start
+        head.row_start, head.row_end, head.part, head.parent, head.state, head.rows_done = \
+            start, start + rows, self.part, root, State.READY, 0
+        head.ready_time = head.start_time = head.finish_time = math.nan
+        head.row_numel = row_numel = self.row_numel
+        head.rows = rows
+        head.numel = numel = rows * row_numel
+        head.nbytes = numel * self.itemsize
+        head.priority = self.priority
+        self.row_start = start + rows
         self._size()
+        return head
 
     # -- sizes ------------------------------------------------------------------------------------
     @property

@@ -32,3 +32,14 @@ def test_scalar_and_one_dimensional_tensors():
 def test_slice_outside_the_rows_is_refused():
     with pytest.raises(ValueError):
         Task("w", 0, (4, 4)).slice(2, 5)
+
+
+def test_split_head_cuts_an_unsent_slice_in_two():
+    task = Task("w", 2, (10, 3))
+    piece = task.partition(12)[1]  # rows 3..6 (part 1)
+    head = piece.split_head(2)
+    assert (head.row_start, head.row_end, head.part, head.priority) == (piece.row_start - 2, piece.row_start, 1, 2001)
+    assert (piece.rows, piece.numel, piece.nbytes) == (1, 3, 12) and head.nbytes == 24
+    assert head.parent is task and head.key == "w[3:5]"
+    with pytest.raises(ValueError):
+        piece.split_head(1)  # nothing would be left
