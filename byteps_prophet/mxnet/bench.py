@@ -99,17 +99,16 @@ def run(args: argparse.Namespace) -> dict | None:
     if "DMLC_ROLE" not in os.environ and args.kvstore.startswith("dist"):
         raise UserError("no DMLC_ROLE: run under `byteps-prophet cluster run --engine mxnet` or "
                         "`python -m byteps_prophet.mxnet.launch`")
-    if args.backend == "byteps":
-        # byteps.mxnet must be initialised before anything touches mxnet's engine state
-        from byteps_prophet.mxnet.byteps_backend import create_byteps_kvstore
-        kv = create_byteps_kvstore(settings)
     import mxnet as mx
     import numpy as np
     from mxnet import autograd, gluon
 
     from byteps_prophet.mxnet import models
 
-    if args.backend != "byteps":
+    if args.backend == "byteps":
+        from byteps_prophet.mxnet.byteps_backend import create_byteps_kvstore
+        kv = create_byteps_kvstore(settings)
+    else:
         from byteps_prophet.mxnet.kvstore import ScheduledKVStore
         kv = ScheduledKVStore(mx.kv.create(args.kvstore), settings=settings)
 

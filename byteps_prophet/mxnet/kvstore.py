@@ -245,7 +245,12 @@ class ScheduledKVStore(KVStoreBase):
             atoms.append((row_start, row_end, self._next_atom_key))
             self._next_atom_key += 1
         entry = _Key(key, len(self._keys), shape, value.dtype, atoms)
-        value = value.reshape(shape)
+        self._init_atoms(entry, value.reshape(shape))
+        self._keys[key] = entry
+
+    def _init_atoms(self, entry: _Key, value: mx.nd.NDArray) -> None:
+        """Initialise every atom of a new key on the servers with ``value``."""
+        atoms = entry.atoms
         value.wait_to_read()  # the init push must not wait in the engine (see below)
         with self._lock:
             self._real.init([a[2] for a in atoms], [value[a[0]:a[1]] for a in atoms])
@@ -256,7 +261,6 @@ class ScheduledKVStore(KVStoreBase):
                 if self.rank == 0:
                     mx.nd.waitall()
                 self._real._barrier()
-        self._keys[key] = entry
 
     def _pull_one(self, key, outs: list, priority: int) -> None:
         entry = self._entry(key)
@@ -297,6 +301,7 @@ class ScheduledKVStore(KVStoreBase):
         self._send_optimizer()
         if entry.gstage is None:
             entry.gstage = mx.nd.zeros(entry.shape, ctx=values[0].context, dtype=entry.dtype)
+        if not entry.abufs:
             entry.abufs = [mx.nd.zeros((end - start,) + tuple(entry.shape[1:]), ctx=values[0].context,
                                        dtype=entry.dtype) for start, end, _ in entry.atoms]
         shaped = [v.reshape(entry.shape) for v in values]

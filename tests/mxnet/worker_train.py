@@ -1,7 +1,8 @@
 """Worker for the multi-process tests: K steps of a small Gluon net on fixed synthetic data, then
 saves the parameters (worker 0) to $BPP_OUT. Knobs: BPP_STEPS, BPP_PLAIN=1 (unwrapped dist_sync
 store), BPP_DIE_AT=step:worker (that worker exits 3 at that step), BPP_UNUSED=1 (a parameter with
-grad_req='null' and a block not in the graph), BPP_ON_KV=0 (optimizer on the worker)."""
+grad_req='null' and a block not in the graph), BPP_ON_KV=0 (optimizer on the worker),
+BPP_BACKEND=byteps (the scheduled store over byteps.mxnet; optimizer on the worker)."""
 import os
 import sys
 
@@ -38,11 +39,14 @@ class Net(gluon.HybridBlock):
 
 net = Net(unused=os.environ.get("BPP_UNUSED") == "1")
 net.initialize(mx.init.Xavier(), ctx=mx.cpu())
-if os.environ.get("BPP_PLAIN") == "1":
+if os.environ.get("BPP_BACKEND") == "byteps":
+    from byteps_prophet.mxnet.byteps_backend import create_byteps_kvstore
+    kv = create_byteps_kvstore()
+elif os.environ.get("BPP_PLAIN") == "1":
     kv = mx.kv.create("dist_sync")
 else:
     kv = skv.create("dist_sync")
-on_kv = os.environ.get("BPP_ON_KV", "1") == "1"
+on_kv = os.environ.get("BPP_ON_KV", "1") == "1" and os.environ.get("BPP_BACKEND") != "byteps"
 trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4},
                         kvstore=kv, update_on_kvstore=on_kv)
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()

@@ -1,0 +1,246 @@
+"""The scheduled store over BytePS's MXNet plugin (``byteps.mxnet``): FIFO, ByteScheduler or Prophet
+decide when each atom's ``push_pull`` starts, exactly as on MXNet's own KVStore.
+
+``create_byteps_kvstore()`` calls ``byteps.mxnet.init()`` and returns a :class:`BytePSScheduledKVStore`,
+a ``KVStoreBase`` Gluon's ``Trainer(kvstore=...)`` takes as is::
+
+    from byteps_prophet.mxnet.byteps_backend import create_byteps_kvstore
+    kv = create_byteps_kvstore()            # BYTEPS_SCHEDULER=fifo|bytescheduler|prophet
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {...}, kvstore=kv)
+
+Everything above the transport is the ScheduledKVStore's (atoms, staging, engine gates for
+layer-wise overlap, the leader's order; see kvstore.py). The transport differs:
+
+* every atom is its own BytePS tensor, ``bpp.<atom>``, declared and first pushed (BytePS's blocking
+  initialisation with every worker) at ``init`` time, in key order on every worker (BytePS numbers
+  tensors by declaration order, so the numbers agree, and no worker initialises one name while
+  another initialises a different one: the scheduled order differs between workers);
+* an atom is synchronised by copying its rows of the staged gradient into the atom's own buffer
+  and ``byteps_push_pull`` on that buffer, in place, summed (``is_average=False``, what dist_sync
+  does); the buffer is the atom's result;
+* BytePS servers only sum: the optimizer runs on the workers (``is_capable('optimizer')`` is False,
+  so the Trainer picks ``update_on_kvstore=False``);
+* ``init``/``broadcast`` = rank 0's value to every worker (a summed push_pull where the other ranks
+  contribute zeros, as ``byteps.mxnet.broadcast_parameters``); ``pull`` gives what the store holds
+  (the initial value, later the last sum).
+
+Process environment: two BytePS workers on one host (the local cluster shares ``/tmp``) would bind
+the same unix sockets, so an unset ``BYTEPS_SOCKET_PATH`` is set to a private temporary directory
+before ``init`` (removed at ``close``). ``close`` also calls ``byteps.mxnet.shutdown()``.
+Do not import ``byteps.torch`` in the same process (both plugins crash at exit, docs/BYTEPS.md).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
+
+import mxnet as mx
+
+from byteps_prophet.core import Settings
+from byteps_prophet.errors import ConfigError, UserError
+from byteps_prophet.mxnet.engine import copy_raw
+from byteps_prophet.mxnet.kvstore import ScheduledKVStore
+
+INIT_THREADS = 16  # names initialised at once (each a blocking round trip with every worker)
+
+
+def create_byteps_kvstore(settings: Settings | None = None, **kwargs) -> "BytePSScheduledKVStore":
+    """``byteps.mxnet.init()`` and a scheduled store over it."""
+    return BytePSScheduledKVStore(BytePSTransport(), settings=settings, **kwargs)
+
+
+class BytePSTransport:
+    """The part of the ``mx.kv`` surface the ScheduledKVStore uses, over ``byteps.mxnet``."""
+
+    type = "dist_sync_byteps"  # 'dist': Gluon treats it as a distributed store
+
+    def __init__(self) -> None:
+        self._socket_dir = None
+        if not os.environ.get("BYTEPS_SOCKET_PATH"):
+            self._socket_dir = tempfile.mkdtemp(prefix="bpp-bps-sock-")
+            os.environ["BYTEPS_SOCKET_PATH"] = self._socket_dir
+        try:
+            import byteps.mxnet as bps
+        except ImportError as err:
+            self._cleanup()
+            raise ConfigError(f"backend byteps: byteps.mxnet is not importable ({err}); "
+                              f"valid: build it with scripts/build_byteps.sh, or --backend kvstore") from None
+        import mxnet as mx
+
+        self.bps = bps
+        self.mx = mx
+        bps.init()
+        self.rank = bps.rank()
+        self.num_workers = bps.size()
+        self._declared: set[str] = set()
+        self._closed = False
+        self._barrier_buf = mx.nd.zeros((1,))
+        self.declare("bpp.barrier")
+        self._barrier()  # initialises the name now (every worker, same order) and meets the others
+
+    def declare(self, name: str) -> None:
+        if name not in self._declared:
+            self.bps.byteps_declare_tensor(name)
+            self._declared.add(name)
+
+    def push_pull(self, name: str, array, priority: int = 0) -> None:
+        """Sum ``array`` over the workers, in place (an engine op; returns at once)."""
+        self.bps.byteps_push_pull(array, name=name, priority=priority, is_average=False)
+
+    def _barrier(self) -> None:
+        self.push_pull("bpp.barrier", self._barrier_buf)
+        self._barrier_buf.wait_to_read()
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.bps.shutdown()
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+
+
+class BytePSScheduledKVStore(ScheduledKVStore):
+    """ScheduledKVStore whose atoms are synchronised by ``byteps.mxnet`` push_pull."""
+
+    def __init__(self, kvstore, settings: Settings | None = None, **kwargs) -> None:
+        self._init_pool: ThreadPoolExecutor | None = None
+        self._init_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bpp-bps-fill")
+        self._rounds: dict[int, int] = {}
+        super().__init__(kvstore, settings=settings, **kwargs)
+
+    @staticmethod
+    def is_capable(capability: str) -> bool:
+        return False  # servers only sum: the optimizer runs on the workers
+
+    def set_optimizer(self, optimizer) -> None:
+        raise UserError("BytePS store: the optimizer runs on the workers; "
+                        "use Trainer(..., update_on_kvstore=False) (the default with this store)")
+
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        raise UserError("BytePS store: no optimizer on the servers; save the Trainer's states instead")
+
+    def load_optimizer_states(self, fname):
+        raise UserError("BytePS store: no optimizer on the servers; load the Trainer's states instead")
+
+    def _init_atoms(self, entry, value) -> None:
+        """Declare the key's atoms now (in key order on every worker: BytePS numbers names by
+        declaration order) and initialise them in the background.
+
+        A name's first push_pull initialises it on the servers: a blocking exchange with every
+        worker, about a second per name on a busy 2-core machine. So the first push_pulls (which
+        also broadcast rank 0's value: the others contribute zeros) run on ``INIT_THREADS``
+        threads, taken in key order: every worker starts them in the same order, so the smallest
+        unfinished name is always being initialised by every worker (no deadlock), and a model's
+        hundreds of atoms overlap their round trips. Pulls of the key wait behind an engine gate."""
+        real: BytePSTransport = self._real
+        bufs, dummies = [], []
+        with self._lock:
+            for row_start, row_end, atom_key in entry.atoms:
+                real.declare(f"bpp.{atom_key}.0")
+                real.declare(f"bpp.{atom_key}.1")
+                buf = value[row_start:row_end].copy()
+                if self.rank != 0:
+                    buf[:] = 0
+                bufs.append(buf)
+                dummies.append(mx.nd.zeros(buf.shape, ctx=buf.context, dtype=buf.dtype))
+                self._rounds[atom_key] = 0  # the next scheduled round uses name parity 1
+            if self._init_pool is None:
+                self._init_pool = ThreadPoolExecutor(max_workers=INIT_THREADS, thread_name_prefix="bpp-bps-init")
+            futures = []
+            for (_, _, atom_key), buf, dummy in zip(entry.atoms, bufs, dummies):
+                futures.append(self._init_pool.submit(real.push_pull, f"bpp.{atom_key}.0", buf))
+                futures.append(self._init_pool.submit(real.push_pull, f"bpp.{atom_key}.1", dummy))
+            entry.init_futures = futures
+            entry.init_bufs = bufs + dummies
+        entry.abufs = bufs  # rank 0's value: what a pull returns until the first sum
+
+    def _init_done(self, entry, deadline=None) -> None:
+        for future in getattr(entry, "init_futures", ()):
+            while True:
+                self._raise_error()
+                try:
+                    future.result(timeout=0.5)
+                    break
+                except FuturesTimeout:
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError("BytePS store: initialisation did not finish in time") from None
+        for buf in getattr(entry, "init_bufs", ()):
+            buf.wait_to_read()  # the init rounds' pulls are complete on this worker (see _transfer)
+        entry.init_futures, entry.init_bufs = [], []
+
+    def _pull_one(self, key, outs: list, priority: int) -> None:
+        entry = self._entry(key)
+        if entry.last is not None:
+            self._wait(entry.last.done)
+        if not getattr(entry, "init_futures", None):
+            for out in outs:
+                rows = out.reshape(entry.shape)
+                for (row_start, row_end, _), buf in zip(entry.atoms, entry.abufs):
+                    buf.copyto(rows[row_start:row_end])
+            return
+        # Still initialising: hold the outputs with a gate (later readers wait for it, nothing else
+        # does) and fill them when the key's first push_pulls are through.
+        token = self._gate.hold(outs)
+        futures, bufs = entry.init_futures, entry.abufs
+
+        def fill():
+            try:
+                for future in futures:
+                    future.result()
+                for buf in bufs:
+                    buf.wait_to_read()
+            except BaseException as err:  # noqa: BLE001 - surfaced on the next call
+                self._fail(err)
+
+            def deliver():
+                for out in outs:
+                    rows = out.reshape(entry.shape)
+                    for (row_start, row_end, _), buf in zip(entry.atoms, bufs):
+                        copy_raw(buf, rows[row_start:row_end] if len(entry.atoms) > 1 else rows)
+
+            self._gate.release(token, deliver)
+
+        self._init_waiter.submit(fill)
+
+    def _register(self, key, values, outs, priority) -> None:
+        self._init_done(self._entry(key))  # a first scheduled push_pull must not be the name's init
+        super()._register(key, values, outs, priority)
+
+    def flush(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for entry in list(self._keys.values()):
+            self._init_done(entry, deadline)
+        super().flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _transfer(self, atom_key: int, src, dst, priority: int) -> None:
+        """One round of an atom, on the name of its round's parity.
+
+        BytePS's server (non-blocking engine, the default) copies the first push of a round
+        straight into the stored value that pulls of the previous round are served from; a worker
+        that pushes round r+1 of a name before another worker's pull of round r arrived gives that
+        worker a wrong result (seen here: rank 1 received rank 0's next gradient as its broadcast).
+        With two names per atom used alternately, round r+2 on this worker (same name as round r)
+        needs this key's round r+1 done here, hence every worker's round r+1 push, which each
+        worker sends only after its round r of this key is done (the gate holds its gradient).
+        Round numbers are counted per atom (every worker syncs each key equally often), never
+        from step counting, which can differ between workers."""
+        self._rounds[atom_key] += 1
+        src.copyto(dst)  # the atom's own buffer (own engine variable), summed in place
+        self._real.push_pull(f"bpp.{atom_key}.{self._rounds[atom_key] % 2}", dst, priority=priority)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._init_pool is not None:
+                self._init_pool.shutdown(wait=True)
+            self._init_waiter.shutdown(wait=True)
+            self._real.shutdown()
