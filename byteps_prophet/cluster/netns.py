@@ -53,8 +53,13 @@ def host_address(index: int) -> str:
 
 
 def tbf_burst(bits: int) -> int:
-    """Bucket size in bytes: one millisecond at the rate, at least 32 KiB (a few full-size frames)."""
-    return max(32 * 1024, bits // 8 // 1000)
+    """Bucket size in bytes: one millisecond at the rate, at least 96 KiB.
+
+    The floor must exceed the largest GSO packet (64 KiB): tbf only splits packets larger than the
+    bucket when they are queued, so after a rate change to a smaller bucket a packet queued under the
+    old one that no longer fits stalls the link for good (seen: a 1gbit -> 200mbit change with a
+    32 KiB bucket froze a gloo run with 157 packets queued)."""
+    return max(96 * 1024, bits // 8 // 1000)
 
 
 def shaping_batch(link: Link, bits: int | None, delay_us: int) -> list[str]:

@@ -75,8 +75,10 @@ def test_shaping_commands():
         "qdisc replace dev eth0 root handle 1: tbf rate 1000000000bit burst 125000 latency 50ms"]
     assert netns.shaping_batch(link, 8 * 10**6, 500) == [
         "qdisc replace dev eth0 root handle 1: netem delay 500us limit 100000",
-        "qdisc replace dev eth0 parent 1:1 handle 10: tbf rate 8000000bit burst 32768 latency 50ms"]
+        "qdisc replace dev eth0 parent 1:1 handle 10: tbf rate 8000000bit burst 98304 latency 50ms"]
     assert netns.shaping_batch(link, None, 0) == ["qdisc del dev eth0 root"]
+    # every bucket holds a whole 64 KiB GSO packet, so a rate change can never strand a queued one
+    assert min(netns.tbf_burst(b) for b in (10**6, 2 * 10**8, 10**9)) > 64 * 1024
     assert netns.shaping_batch(link, None, 250) == [
         "qdisc replace dev eth0 root handle 1: netem delay 250us limit 100000"]
 
