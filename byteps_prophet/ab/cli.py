@@ -29,21 +29,30 @@ def register(subparsers) -> None:
     p.add_argument("--no-netns", action="store_true", help="plain loopback (no shaping)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", default=None, metavar="PNG")
+    p.add_argument("--variants", default=",".join(("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")),
+                   help="comma-separated subset of fifo, bytescheduler, bytescheduler_tuned, prophet")
     p.add_argument("--record", default=None, metavar="DIR",
                    help="write each run's profile (for `simulate --profile`) and rank-0 event trace into DIR")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from byteps_prophet.ab.runner import ABConfig, ABRunner, format_table, plot
+    from byteps_prophet.ab.runner import VARIANTS, ABConfig, ABRunner, format_table, plot
+    from byteps_prophet.errors import UserError
+
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        raise UserError(f"--variants {args.variants!r} is invalid; valid: a comma-separated subset of {', '.join(VARIANTS)}")
 
     backend = args.backend or ("gloo" if args.framework == "torch" else "kvstore")
     cfg = ABConfig(framework=args.framework, backend=backend, model=args.model, workers=args.workers,
                    bandwidth=args.bandwidth, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
                    batch=args.batch, width=args.width, threads=args.threads,
                    bandwidth_schedule=[s.strip() for s in args.bandwidth_schedule.split(",") if s.strip()],
-                   tune=not args.no_tune, tune_probe_steps=args.tune_steps, tune_probes=args.tune_probes,
-                   timeout=args.timeout, netns=False if args.no_netns else None, record=args.record)
+                   tune=not args.no_tune and "bytescheduler_tuned" in variants, tune_probe_steps=args.tune_steps, tune_probes=args.tune_probes,
+                   timeout=args.timeout, netns=False if args.no_netns else None, record=args.record,
+                   variants=variants)
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency

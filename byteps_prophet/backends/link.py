@@ -68,7 +68,8 @@ class LinkMonitor(BandwidthMonitor):
         self._lm_rates.append((self._lm_delivered - delivered_at_send) / (now - sent_at))
         self.samples += 1
         if sent_at < last < now:  # queued behind the previous op: the gap is this op's service
-            self._lm_samples.append((float(task.nbytes), (now - last) / self.serializations))
+            # (on a link of several FIFO stages, back-to-back completions are one stage's service apart)
+            self._lm_samples.append((float(task.nbytes), now - last))
         else:
             rate = self.bytes_per_s
             if rate:

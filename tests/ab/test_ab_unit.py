@@ -58,3 +58,40 @@ def test_summary_table_and_plot(tmp_path):
     assert "prophet" in format_table(summary)
     plot(summary, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_cli_variants_error_is_one_line_exit_2():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "ab", "--variants", "fifo,nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "--variants" in proc.stderr and "bytescheduler_tuned" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_record_sets_profile_and_trace_paths(tmp_path):
+    cfg = ABConfig(record=str(tmp_path / "rec"), tune=False, rounds=1)
+    runner = ABRunner(cfg)
+
+    class Result:
+        ok, reason, elapsed, failed = True, "", 1.0, None
+        output = {"worker-0": [json.dumps({"samples_per_s": 3.0})]}
+
+    class FakeCluster:  # the runner's only contact with the cluster in _one(): run() and its env
+        use_netns = False
+        seen = {}
+
+        def host(self, name):
+            raise AssertionError("no host lookup without namespaces")
+
+        def run(self, command, env, timeout, output):
+            FakeCluster.seen = env
+            return Result()
+
+    runner._env = lambda cluster, variant: {}
+    data = runner._one(FakeCluster(), "prophet", tag="_r0")
+    assert FakeCluster.seen["BYTEPS_PROPHET_PROFILE"] == str(tmp_path / "rec" / "prophet_r0.profile.json")
+    assert FakeCluster.seen["BYTEPS_PROPHET_TRACE"] == str(tmp_path / "rec" / "prophet_r0.trace.json")
+    assert data["recorded"]["trace"].endswith("prophet_r0.trace.json") and data["samples_per_s"] == 3.0
