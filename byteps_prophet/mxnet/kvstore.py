@@ -170,6 +170,11 @@ class ScheduledKVStore(KVStoreBase):
         self._stopping = False
         self.steps_closed_idle = 0
         self._blocked = 0
+        # PROPHET_MXNET_TIMELINE=PATH: the leader writes (seconds, event, gradient, iteration[, rows])
+        # for every ready/send/atom_done/done to PATH (JSON) at close, to see where a step's time goes.
+        self._timeline_path = os.environ.get("PROPHET_MXNET_TIMELINE") if self.leader else None
+        self._timeline: list | None = [] if self._timeline_path else None
+        self._t0 = time.monotonic()
         self._probe = threading.Thread(target=self._probe_loop, name="bpp-mx-probe", daemon=True)
         self._probe.start()
 
@@ -377,6 +382,7 @@ class ScheduledKVStore(KVStoreBase):
                 for sync in sorted(syncs, key=lambda s: -s.task.index):  # backward order
                     sync.key.gstage.wait_to_read()
                     with self._lock:
+                        self._trace("ready", sync.task.name, iteration)
                         self.scheduler.post(sync.task)
                     self._after_lock()
                 with self._lock:
@@ -387,6 +393,7 @@ class ScheduledKVStore(KVStoreBase):
 
     # -- the transport the scheduler drives --------------------------------------------------------------
     def send(self, piece: Task) -> None:  # called with _lock held
+        self._trace("send", piece.name, piece.iteration, piece.row_start, piece.row_end)
         sync: _Sync = piece.root.payload
         entry = sync.key
         waiting = 0
@@ -422,6 +429,7 @@ class ScheduledKVStore(KVStoreBase):
         try:
             target.wait_to_read()
             with self._lock:
+                self._trace("atom_done", sync.task.name, sync.task.iteration, *sync.key.atoms[j][:2])
                 sync.state[j] = _DONE
                 pieces, sync.waiting[j] = sync.waiting[j], []
                 for piece in pieces:
@@ -433,7 +441,12 @@ class ScheduledKVStore(KVStoreBase):
         except BaseException as err:
             self._fail(err)
 
+    def _trace(self, kind: str, *fields) -> None:
+        if self._timeline is not None:
+            self._timeline.append((round(time.monotonic() - self._t0, 6), kind, *fields))
+
     def _on_done(self, task: Task) -> None:  # called with _lock held
+        self._trace("done", task.name, task.iteration)
         self._completed.append(task.payload)
 
     def _after_lock(self) -> None:
@@ -487,6 +500,10 @@ class ScheduledKVStore(KVStoreBase):
             self._stopping = True
             self._cv.notify_all()
         self._probe.join(timeout=5)
+        if self._timeline_path:
+            import json
+            with open(self._timeline_path, "w") as f:
+                json.dump({"scheduler": self.scheduler.name, "events": self._timeline}, f)
         self._waiters.shutdown(wait=True)
 
     def _entry(self, key) -> _Key:
