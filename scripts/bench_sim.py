@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -77,25 +78,38 @@ def grid_cell(layers, cluster, iterations):
     }
 
 
-def changing_conditions(iterations=80):
-    model = get_model("resnet50")
+CHANGING_CASES = (("resnet50", "ps"), ("vgg16", "ps"), ("resnet50", "allreduce"), ("vgg16", "allreduce"))
+
+
+def changing_case(model_name, arch, iterations):
+    model = get_model(model_name)
     layers = layers_from(model, compute_times(model, 32))
-    cluster = ClusterSpec(workers=8, arch="ps", bandwidth=10 * GBIT,
+    cluster = ClusterSpec(workers=8, arch=arch, bandwidth=10 * GBIT,
                           bandwidth_steps=((2.0, 3 * GBIT), (4.5, 25 * GBIT)),
                           compute_steps=((3.0, 1.3), (5.5, 1.0)))
     run = lambda s: Simulation(layers, cluster, s, iterations, warmup=0).run().finish_s  # noqa: E731
     static = {c: run(Settings(scheduler="bytescheduler", credit=c)) for c in CREDIT_SWEEP}
     prophet = run(Settings(scheduler="prophet"))
-    previous = previous_rule(lambda: run(Settings(scheduler="prophet")))
-    paper = run(Settings(scheduler="prophet", prophet_mode="paper"))
     return {
-        "setup": "resnet50, 8 workers, ps; bandwidth 10 -> 3 (t=2s) -> 25 Gbit/s (t=4.5s); compute x1.3 "
-                 f"from t=3s to 5.5s; {iterations} iterations; total run time",
-        "prophet_s": prophet, "prophet_paper_s": paper, "prophet_previous_rule_s": previous,
+        "model": model_name, "arch": arch,
+        "prophet_s": prophet, "prophet_paper_s": run(Settings(scheduler="prophet", prophet_mode="paper")),
+        "prophet_previous_rule_s": previous_rule(lambda: run(Settings(scheduler="prophet"))),
         "static_credit_s": {str(c): t for c, t in static.items()},
         "best_static_credit": min(static, key=static.get),
         "prophet_vs_best_static": prophet / min(static.values()),
+        "prophet_vs_default_credit": prophet / static[Settings().credit],
         "prophet_faster_than_every_static_credit": prophet < min(static.values()),
+    }
+
+
+def changing_conditions(iterations=80):
+    cases = [changing_case(m, a, iterations) for m, a in CHANGING_CASES]
+    return {
+        "setup": "8 workers, batch 32; bandwidth 10 -> 3 (t=2s) -> 25 Gbit/s (t=4.5s); compute x1.3 from t=3s "
+                 f"to 5.5s; {iterations} iterations; total run time against every static credit",
+        "cases": cases,
+        "prophet_faster_than_every_static_credit": f"{sum(c['prophet_faster_than_every_static_credit'] for c in cases)}"
+                                                   f"/{len(cases)}",
     }
 
 
@@ -111,7 +125,7 @@ class _NullTransport:
         self.sent += 1
 
 
-def decision_cost(iterations=40, gbit=10):
+def decision_cost(iterations=40, gbit=10, repeats=3):
     """What one scheduling decision costs: the wall time the scheduler spends handling one event.
 
     Every event is timed, as real training delivers them: ``post`` (a gradient is ready),
@@ -125,46 +139,61 @@ def decision_cost(iterations=40, gbit=10):
     model = get_model("resnet50")
     times = compute_times(model, 32)
     rate = gbit * GBIT
+    variants = [("fifo", Settings(scheduler="fifo")), ("bytescheduler", Settings(scheduler="bytescheduler")),
+                ("prophet", Settings(scheduler="prophet")),
+                ("prophet_paper", Settings(scheduler="prophet", prophet_mode="paper"))]
+    rounds = {name: [] for name, _ in variants}
+    load = os.getloadavg()[0]
+    for _ in range(repeats):  # schedulers interleaved, so a busy spell of the machine hits them all
+        for name, settings in variants:
+            rounds[name].append(_replay(model, times, rate, settings, iterations))
     out = {}
-    for name, settings in [("fifo", Settings(scheduler="fifo")),
-                           ("bytescheduler", Settings(scheduler="bytescheduler")),
-                           ("prophet", Settings(scheduler="prophet")),
-                           ("prophet_paper", Settings(scheduler="prophet", prophet_mode="paper"))]:
-        clock, transport = ManualClock(), _NullTransport()
-        scheduler = make_scheduler(settings, clock, transport)
-        samples = []
-        clock_ns = time.perf_counter_ns
-
-        def call(method, arg):
-            t0 = clock_ns()
-            method(arg)
-            samples.append(clock_ns() - t0)
-
-        def drain(keep):
-            while len(transport.in_flight) > keep:  # the link serves the oldest slice next
-                piece = transport.in_flight.pop(0)
-                clock.advance(piece.nbytes / rate)
-                call(scheduler.finished, piece)
-
-        sends_before = 0
-        for it in range(iterations):
-            if it == iterations // 2:
-                sends_before, samples_before = transport.sent, len(samples)
-            for i in reversed(range(len(model.tensors))):
-                clock.advance(times.bwd_s[i])
-                spec = model.tensors[i]
-                call(scheduler.post, Task(spec.name, i, spec.shape, iteration=it))
-                drain(2)
-            call(scheduler.end_of_backward, it)
-            drain(0)
-        steady = sorted(samples[samples_before:])  # the second half: Prophet has its plan by then
-        n = len(steady)
-        out[name] = {"events": n, "sends": transport.sent - sends_before,
-                     "median_us": statistics.median(steady) / 1e3, "p90_us": steady[int(0.9 * n)] / 1e3,
-                     "p99_us": steady[int(0.99 * n)] / 1e3, "mean_us": sum(steady) / n / 1e3}
+    for name, runs in rounds.items():
+        entry = {"events": runs[0]["events"], "sends": runs[0]["sends"]}
+        for stat in ("median_us", "p90_us", "p99_us", "mean_us"):
+            values = sorted(run[stat] for run in runs)
+            entry[stat] = statistics.median(values)
+            entry[stat.replace("_us", "_range_us")] = [values[0], values[-1]]
+        out[name] = entry
     return {"setup": f"resnet50 ready pattern, {gbit} Gbit/s, {iterations} iterations, second half timed; "
-                     "per event (post, finished, end_of_backward) including the sends it triggers",
-            "per_scheduler": out}
+                     "per event (post, finished, end_of_backward) including the sends it triggers; "
+                     f"median over {repeats} interleaved repeats (range beside it)",
+            "load_average_1min": [load, os.getloadavg()[0]], "per_scheduler": out}
+
+
+def _replay(model, times, rate, settings, iterations) -> dict:
+    clock, transport = ManualClock(), _NullTransport()
+    scheduler = make_scheduler(settings, clock, transport)
+    samples = []
+    clock_ns = time.perf_counter_ns
+
+    def call(method, arg):
+        t0 = clock_ns()
+        method(arg)
+        samples.append(clock_ns() - t0)
+
+    def drain(keep):
+        while len(transport.in_flight) > keep:  # the link serves the oldest slice next
+            piece = transport.in_flight.pop(0)
+            clock.advance(piece.nbytes / rate)
+            call(scheduler.finished, piece)
+
+    sends_before = samples_before = 0
+    for it in range(iterations):
+        if it == iterations // 2:
+            sends_before, samples_before = transport.sent, len(samples)
+        for i in reversed(range(len(model.tensors))):
+            clock.advance(times.bwd_s[i])
+            spec = model.tensors[i]
+            call(scheduler.post, Task(spec.name, i, spec.shape, iteration=it))
+            drain(2)
+        call(scheduler.end_of_backward, it)
+        drain(0)
+    steady = sorted(samples[samples_before:])  # the second half: Prophet has its plan by then
+    n = len(steady)
+    return {"events": n, "sends": transport.sent - sends_before,
+            "median_us": statistics.median(steady) / 1e3, "p90_us": steady[int(0.9 * n)] / 1e3,
+            "p99_us": steady[int(0.99 * n)] / 1e3, "mean_us": sum(steady) / n / 1e3}
 
 
 def simulator_speed(repeats=3):
@@ -182,7 +211,7 @@ def simulator_speed(repeats=3):
             runs[name].append(time.perf_counter() - t0)
     times = {name: {"median_s": statistics.median(r), "min_s": min(r), "max_s": max(r)} for name, r in runs.items()}
     return {"setup": f"resnet50, 32 workers, ps, 10 Gbit/s, 100 iterations, {repeats} interleaved repeats",
-            "wall": times}
+            "load_average_1min": os.getloadavg()[0], "wall": times}
 
 
 PARTS = ("grid", "changing", "decision", "speed")
@@ -277,8 +306,8 @@ def main() -> None:
         print(json.dumps(result["summary"], indent=1))
     if "changing" in parts:
         result["changing_conditions"] = changing_conditions()
-        print(json.dumps({k: result["changing_conditions"][k] for k in
-                          ("prophet_vs_best_static", "prophet_faster_than_every_static_credit")}))
+        print(json.dumps([{k: case[k] for k in ("model", "arch", "prophet_vs_best_static")}
+                          for case in result["changing_conditions"]["cases"]]))
     if "decision" in parts:
         result["decision_cost"] = decision_cost()
         print(json.dumps(result["decision_cost"]["per_scheduler"]))
