@@ -1,4 +1,5 @@
-"""Interleaved MXNet scheduler comparison on one shaped local cluster (until the A/B runner exists).
+"""Interleaved MXNet scheduler comparison on one shaped local cluster (superseded by `byteps-prophet ab
+--framework mxnet`, kept for ad-hoc configs such as a swept credit).
 
 ``python -m byteps_prophet.mxnet.interleave --model vgg --bandwidth 2gbit --rounds 2 \\
       --config fifo --config bytescheduler --config bytescheduler:credit=16000000 --config prophet``
