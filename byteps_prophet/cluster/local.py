@@ -46,8 +46,12 @@ _SEQ = itertools.count()
 # PID 1 of the role's own PID and mount namespaces: mount a private tmpfs on /dev/shm, run the role's
 # command as an ordinary process (PID 1 would be immune to its own signals, e.g. a `kill -9 $$`),
 # forward SIGTERM to it and exit with its status; the kernel then kills anything it left behind.
+# BytePS's unix sockets (BYTEPS_SOCKET_PATH, /tmp by default, shared by every host here) go to that
+# private tmpfs too, unless the run sets them: no two hosts collide and a killed role leaves none.
 _INIT_SCRIPT = (
     'mount -t tmpfs -o mode=1777 bpp-shm /dev/shm || exit 125\n'
+    'export BYTEPS_SOCKET_PATH="${BYTEPS_SOCKET_PATH:-/dev/shm/bpp-sockets}"\n'
+    'mkdir -p "$BYTEPS_SOCKET_PATH" || exit 125\n'
     '"$@" & child=$!\n'
     'trap \'kill -TERM $child 2>/dev/null\' TERM INT HUP\n'
     'while :; do wait $child; status=$?; kill -0 $child 2>/dev/null || exit $status; done\n'

@@ -175,7 +175,8 @@ def test_shaped_links_give_the_set_bandwidth_both_ways_and_change_during_a_run(l
 
 
 # ------------------------------------------------------------------------------------------- runs
-PROBE = ('touch /dev/shm/bpp-probe-$DMLC_WORKER_ID && test -e /dev/shm/bpp-probe-$DMLC_WORKER_ID && '
+PROBE = ('case "$BYTEPS_SOCKET_PATH" in /dev/shm/*) test -d "$BYTEPS_SOCKET_PATH" ;; *) exit 3 ;; esac && '
+         'touch /dev/shm/bpp-probe-$DMLC_WORKER_ID && test -e /dev/shm/bpp-probe-$DMLC_WORKER_ID && '
          'exec python -m byteps_prophet.cluster.selftest --sizes 7,65536 --rounds 3')
 # 65,536 floats = 256 KiB: four BytePS partitions of 64 KiB, so partitioning is exercised too
 SMALL_PARTITIONS = {"BYTEPS_PARTITION_BYTES": str(64 * 1024)}
