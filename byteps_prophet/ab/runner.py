@@ -133,8 +133,10 @@ class ABRunner:
     def _env(self, cluster, variant: str) -> dict[str, str]:
         env = variant_env(variant, self.tuning and self.tuning.get("best_credit"))
         if self.cfg.backend in ("gloo", "byteps"):
+            from byteps_prophet.cluster.local import free_port
+
             env["MASTER_ADDR"] = cluster.host("worker-0").address
-            env["MASTER_PORT"] = str(GLOO_PORT if cluster.use_netns else _free_port())
+            env["MASTER_PORT"] = str(GLOO_PORT if cluster.use_netns else free_port())
         env["BYTEPS_PROPHET_TIMEOUT"] = str(int(min(self.cfg.timeout, 600)))
         return env
 
@@ -236,10 +238,6 @@ class ABRunner:
                 "tuning": self.tuning, "warnings": self.warnings, "runs": self.runs}
 
 
-def _free_port() -> int:
-    from byteps_prophet.torch.launch import free_port
-
-    return free_port()
 
 
 def format_table(summary: dict) -> str:

@@ -127,7 +127,8 @@ def _describe_exit(name: str, code: int) -> str:
     return f"{name} exited with status {code}"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a scheduler, a gloo rendezvous, ...)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -418,7 +419,7 @@ class Cluster:
             else:
                 for host in self.hosts:
                     host.address = "127.0.0.1"
-                self.port = self.spec.port or _free_port()
+                self.port = self.spec.port or free_port()
         except BaseException:
             self.close()
             raise

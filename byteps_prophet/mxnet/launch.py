@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+
+from byteps_prophet.cluster.local import free_port
 
 SERVER_CODE = "import mxnet"  # with DMLC_ROLE=scheduler/server, importing mxnet runs the role
 
@@ -36,12 +37,6 @@ class LocalResult:
 
     def lines(self, role: str) -> list[str]:
         return self.output.get(role, [])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _describe(rc: int) -> str:

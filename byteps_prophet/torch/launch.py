@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
+
+from byteps_prophet.cluster.local import free_port
 
 
 @dataclass
@@ -33,12 +34,6 @@ class LaunchResult:
     @property
     def ok(self) -> bool:
         return self.returncode == 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _describe(name: str, code: int) -> tuple[int, str]:
