@@ -15,7 +15,6 @@ import os
 import sys
 import time
 
-FRAMEWORKS = ("torch", "mxnet")
 
 
 def _expected(round_index: int, workers: int) -> float:
@@ -72,11 +71,7 @@ def _run_byteps_mxnet(sizes: list[int], rounds: int, worker_id: int):
         bps.shutdown()
 
 
-def _run_byteps(sizes: list[int], rounds: int, worker_id: int):
-    framework = os.environ.get("SELFTEST_FRAMEWORK", "torch").strip().lower()
-    if framework == "mxnet":
-        return _run_byteps_mxnet(sizes, rounds, worker_id)
-    return _run_byteps_torch(sizes, rounds, worker_id)
+FRAMEWORKS = {"torch": _run_byteps_torch, "mxnet": _run_byteps_mxnet}  # byteps plugins
 
 
 def _sizes(text: str) -> list[int]:
@@ -98,18 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     engine = os.environ.get("ENGINE", "byteps").strip().lower()
     worker_id = int(os.environ.get("DMLC_WORKER_ID", "0"))
-    runs = {"mxnet": _run_mxnet, "byteps": _run_byteps}
-    if engine not in runs:
-        print(f"selftest: ENGINE={engine!r} is not an engine; valid: {', '.join(runs)}", file=sys.stderr)
+    if engine not in ("mxnet", "byteps"):
+        print(f"selftest: ENGINE={engine!r} is not an engine; valid: mxnet, byteps", file=sys.stderr)
         return 2
     framework = os.environ.get("SELFTEST_FRAMEWORK", "torch").strip().lower()
     if framework not in FRAMEWORKS:
         print(f"selftest: SELFTEST_FRAMEWORK={framework!r} is invalid; valid: {', '.join(FRAMEWORKS)}",
               file=sys.stderr)
         return 2
+    run = {"mxnet": _run_mxnet, "byteps": FRAMEWORKS[framework]}[engine]
     start = time.monotonic()
     workers = 0
-    for r, workers, values in runs[engine](args.sizes, args.rounds, worker_id):
+    for r, workers, values in run(args.sizes, args.rounds, worker_id):
         want = _expected(r, workers)
         wrong = int((values != want).sum())
         if wrong:
