@@ -60,9 +60,8 @@ def check_atoms(settings: Settings, environ=None) -> None:
 
     With Prophet's default atoms (partition / 4) about 1 run in 3 on the local cluster ended with
     parameters different from FIFO's (max difference 2.6-3.4 after 6 steps); with atoms equal to the
-    partition 3 runs of 3 were exact, as ByteScheduler always is (its atoms are its partitions). The
-    race is not found yet (docs/MXNET.md), so on this backend Prophet's cuts are honoured at
-    partition granularity, and a finer PROPHET_MXNET_ATOM_ELEMENTS is an error, not a wrong sum.
+    partition 3 runs of 3 were exact here, but a later run also failed with them: this makes the
+    race (not found yet, docs/MXNET.md) rarer, it does not remove it.
     """
     env = os.environ if environ is None else environ
     raw = env.get(ATOM_ENV, "").strip()

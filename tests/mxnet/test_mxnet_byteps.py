@@ -69,6 +69,8 @@ def test_bytescheduler_equals_fifo_on_byteps(results):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.xfail(strict=False, reason="known bug: a Prophet run on byteps.mxnet sometimes ends with different "
+                                        "parameters, also with atoms = partitions (a race not found; docs/MXNET.md)")
 def test_prophet_equals_fifo_on_byteps(results):
     _check(results, "prophet")
 
