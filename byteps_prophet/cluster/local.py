@@ -15,6 +15,7 @@ links and qdiscs; nothing is ever created in the root namespace.
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import concurrent.futures
 import itertools
@@ -71,6 +72,9 @@ class ClusterSpec:
     engine: str | None = None           # byteps or mxnet (compose: ENGINE, else byteps)
     compose: str | os.PathLike | None = None  # compose file (default docker/docker-compose.yml)
     netns: bool | None = None           # True: require namespaces; False: plain loopback; None: auto
+    # False: workers only, no scheduler or servers (torch.distributed, e.g. gloo); each worker gets
+    # RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (worker-0) and MASTER_PORT (the cluster's port).
+    parameter_server: bool = True
     port: int | None = None             # scheduler port (compose: DMLC_PS_ROOT_PORT, else 9000)
     grace: float = 5.0                  # how long scheduler/servers may linger after the workers
     # How long workers may still run after the scheduler or a server exited cleanly (status 0). That
@@ -346,7 +350,8 @@ class Cluster:
         self.engine = check_engine(self.spec.engine or self.definition.scheduler.environment.get("ENGINE")
                                    or "byteps")
         self.num_workers = self._count("workers", self.spec.workers, len(self.definition.workers))
-        self.num_servers = self._count("servers", self.spec.servers, len(self.definition.servers))
+        self.num_servers = (self._count("servers", self.spec.servers, len(self.definition.servers))
+                            if self.spec.parameter_server else 0)
         if 1 + self.num_workers + self.num_servers > MAX_HOSTS:
             raise ConfigError(f"{1 + self.num_workers + self.num_servers} hosts is more than the "
                               f"{MAX_HOSTS} this cluster supports; lower --workers/--servers")
@@ -354,8 +359,8 @@ class Cluster:
                      if self.spec.bandwidth is not None else None)
         latency = parse_latency(self.spec.latency, "--latency") if self.spec.latency is not None else None
         self.hosts: list[Host] = []
-        plan = [("scheduler", 0)] + [("server", i) for i in range(self.num_servers)] \
-            + [("worker", i) for i in range(self.num_workers)]
+        plan = [("scheduler", 0)] if self.spec.parameter_server else []
+        plan += [("server", i) for i in range(self.num_servers)] + [("worker", i) for i in range(self.num_workers)]
         for number, (role, index) in enumerate(plan):
             service = self.definition.template(role, index)
             name = host_name(role, index)
@@ -426,6 +431,8 @@ class Cluster:
         return self
 
     def _check_engine_installed(self) -> None:
+        if not self.spec.parameter_server:
+            return  # no engine runs: the workers run only the caller's command
         module = {"byteps": "byteps", "mxnet": "mxnet"}[self.engine]
         probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 3)"
         try:
@@ -522,6 +529,13 @@ class Cluster:
 
     # ------------------------------------------------------------------ runs
     def environment(self, host: Host, run_env: Mapping[str, str] | None = None) -> dict[str, str]:
+        if not self.spec.parameter_server:  # torch.distributed's variables; rank 0 hosts the store
+            env = {k: v for k, v in self.environ.items() if not k.startswith("DMLC_")}
+            env.update(check_run_env(run_env), PYTHONUNBUFFERED="1", RANK=str(host.index),
+                       WORLD_SIZE=str(self.num_workers), LOCAL_RANK="0", MASTER_ADDR=self.hosts[0].address,
+                       MASTER_PORT=str(self.port or DEFAULT_PORT), DMLC_WORKER_ID=str(host.index),
+                       DMLC_NUM_WORKER=str(self.num_workers))
+            return env
         topology = Topology(
             num_workers=self.num_workers, num_servers=self.num_servers,
             root_uri=self.hosts[0].address, root_port=self.port or DEFAULT_PORT,
@@ -639,3 +653,35 @@ def _emergency_teardown(namespaces: list[str], spawner: _Spawner | None) -> None
         namespaces.clear()
     if spawner is not None:
         spawner.stop()
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def launcher_main(prog: str, description: str, add_options: Callable[[argparse.ArgumentParser], None],
+                  run: Callable[[argparse.Namespace, list[str]], RunResult], argv: list[str] | None = None,
+                  timeout: float | None = None) -> int:
+    """The loopback launchers' command line: ``PROG [options] [--timeout SEC] -- COMMAND...``.
+
+    ``run(args, command)`` runs the job (a loopback :class:`Cluster`). A bad argument is one line and
+    exit 2; a failed run prints its reason (it names the failed role) and exits with its status.
+    """
+    parser = _OneLineParser(prog=prog, description=description)
+    add_options(parser)
+    parser.add_argument("--timeout", type=float, default=timeout, metavar="SEC",
+                        help=f"stop everything after SEC seconds, exit 124 (default: {timeout or 'none'})")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="what each worker runs")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("a worker COMMAND is required after --")
+    try:
+        result = run(args, command)
+    except UserError as err:
+        parser.error(str(err))
+    if not result.ok:
+        print(f"launch: {result.reason}; everything stopped after {result.elapsed:.2f}s (exit {result.returncode})",
+              file=sys.stderr)
+    return result.returncode

@@ -1,5 +1,7 @@
 """Environment per role, role commands, tc commands and the cluster's validation (no root needed)."""
 import ipaddress
+import subprocess
+import sys
 
 import pytest
 
@@ -169,3 +171,46 @@ def test_fallback_to_loopback_with_a_warning(monkeypatch):
     assert len(warnings) == 1 and "falling back to plain loopback" in warnings[0]
     with pytest.raises(UserError, match="use --no-netns"):
         Cluster(ClusterSpec(engine="mxnet", netns=True), environ={}).start()
+
+
+def test_workers_only_cluster_gets_torch_distributed_environment():
+    with Cluster(ClusterSpec(workers=3, netns=False, parameter_server=False), environ=CALLER) as cluster:
+        assert [h.name for h in cluster.hosts] == ["worker-0", "worker-1", "worker-2"]
+        env = cluster.environment(cluster.host("worker-2"), {"EXTRA": "1"})
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("2", "3", "0")
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(cluster.port)
+    assert env["DMLC_WORKER_ID"] == "2" and env["DMLC_NUM_WORKER"] == "3"  # not the caller's stale 99
+    assert "DMLC_ROLE" not in env  # else torch's default backend would be byteps
+    assert env["BYTEPS_LOG_LEVEL"] == "DEBUG" and env["EXTRA"] == "1"  # the caller's own, as torchrun
+
+
+@pytest.mark.parametrize("module", ["byteps_prophet.torch.launch", "byteps_prophet.mxnet.launch"])
+@pytest.mark.parametrize("argv, fragment", [
+    (["-w", "x", "--", "true"], "invalid int value: 'x'"),
+    (["--timeout", "0", "--", "true"], "timeout 0.0 must be a positive"),
+    (["--"], "a worker COMMAND is required after --"),
+])
+def test_launcher_errors_exit_2_with_one_line(module, argv, fragment, capsys):
+    import importlib
+
+    launcher = importlib.import_module(module)
+    if module.startswith("byteps_prophet.torch"):
+        argv = ["-n" if a == "-w" else a for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        launcher.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and fragment in err
+    assert err.count("\n") == 1 and err.startswith(f"python -m {module}: error:")
+
+
+@pytest.mark.slow
+def test_torch_launcher_gives_each_worker_its_rank_and_names_a_killed_one():
+    proc = subprocess.run(
+        [sys.executable, "-m", "byteps_prophet.torch.launch", "-n", "2", "--timeout", "60", "--", "sh", "-c",
+         'echo "rank $RANK of $WORLD_SIZE at $MASTER_ADDR:$MASTER_PORT"; '
+         'if [ "$RANK" = 1 ]; then kill -9 $$; fi; sleep 50'],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 137, proc.stderr
+    assert "launch: worker-1 was killed by SIGKILL" in proc.stderr
+    for rank in (0, 1):
+        assert f"worker-{rank} | rank {rank} of 2 at 127.0.0.1:" in proc.stdout
