@@ -165,7 +165,7 @@ def test_dead_worker_ends_the_run_naming_it(tmp_path):
     result = run_local([sys.executable, WORKER], workers=2, env=env, timeout=120)
     assert result.returncode == 3
     assert result.failed.startswith("worker-")
-    assert any("dying at step 3" in line for line in result.lines(result.failed))
+    assert any("dying at step 3" in line for line in result.output[result.failed])
     assert time.monotonic() - t0 < 100
     assert "exited with status 3" in result.reason
 
