@@ -25,8 +25,10 @@ core's two estimators but feeds them differently:
   an op sent onto an idle link gives no service sample;
 * **delivery rate** (bytes delivered while an op was in flight over its time in flight, recent
   maximum) as the fallback rate, as in the core;
-* the **latency** an op pays on an idle link (time in flight minus its bytes at the measured rate)
-  is tracked separately (``latency``), for reporting only: it is not a cost the link serialises.
+* the **latency** an op pays on an idle link (time in flight minus its bytes at the measured rate,
+  median of recent ones) is tracked separately (``latency``): it is not a cost the link serialises,
+  so it never enters the per-message cost; Prophet's default mode reads it to keep enough ops in
+  flight to overlap it (core/prophet.py, "Start-up latency").
 """
 from __future__ import annotations
 

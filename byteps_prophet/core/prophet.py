@@ -26,6 +26,17 @@ Two modes:
              for the ``P`` bytes pending then, which minimise ``(P/c) * cost + (stages-1) * c/bw``
              (per-message cost against the later stages trailing the last chunk); one stage: whole.
            never below a floor of ``FLOOR_LATENCIES`` message costs' worth of bytes (overhead <= 25%).
+           Start-up latency: on real engines (gloo, BytePS) an op reaches the link only ``latency``
+           after it is sent (threads to wake, every rank to join), and ops already in flight overlap
+           it; the monitor reports it as ``bandwidth.latency`` (the core ``BandwidthMonitor``: 0, so
+           the simulator is unchanged; the plugins' ``LinkMonitor`` measures it). A piece then starts
+           on the link no earlier than ``now + latency``, the hold becomes "send while the link would
+           free before the next event *plus latency*" (a piece decided at that event would reach the
+           link only then: holding longer idles it), and arrivals count from when they can reach the
+           link (``+ latency``) in the cuts above. With one piece on the link, small pieces whose
+           service adds up to less than the latency (the small gradients after the end of backward)
+           are therefore all in flight together, as under a credit, instead of one per completion,
+           each paying the latency on an idle link.
 """
 from __future__ import annotations
 
@@ -195,29 +206,34 @@ class Prophet(ByteScheduler):
         next_ready = first_ready + pace * self._order_offsets[upcoming] if upcoming < len(self._order) else None
         end = first_ready + pace * self._span
         to_come = self._bytes_from[upcoming] if self.count_arrivals_to_come else 0
+        # A piece reaches the link ``latency`` after it is sent (the engine's start-up, which ops
+        # already in flight overlap; 0 unless the monitor measures one, as in the simulator).
+        latency = self.bandwidth.latency
         bandwidth = None  # read on the first send: most calls find the link busy and send nothing
         while queue:
             start = stage_free[0] + lag  # when the first stage of the link can take it
-            if start < now:
-                start = now
+            if start < now + latency:
+                start = now + latency
             if self.in_flight_count:
                 # The next completion or predicted arrival: the next chance to decide. While the link
-                # stays busy past it, that event gives another chance, so nothing is sent now.
+                # stays busy past the time a piece sent then would reach it, that event gives another
+                # chance, so nothing is sent now.
                 event = finishes[0][1] + lag if finishes else math.inf
                 if next_ready is not None and next_ready > now and next_ready < event:
                     event = next_ready
-                if start > (event if event > now else now):
+                if start > (event if event > now else now) + latency:
                     return
             if bandwidth is None:
                 bandwidth, cost = self.bandwidth.rate_and_cost()
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
                 cap = self.settings.max_chunk_bytes or math.inf
-            # Bytes for the chunk that starts on the link at ``start`` (module docstring).
-            if start < end:
-                if next_ready is not None and start + (self.pending_bytes + to_come) / bandwidth < end:
-                    chunk = bandwidth * (next_ready - start - cost)  # done before the next arrival
+            # Bytes for the chunk that starts on the link at ``start`` (module docstring); an arrival
+            # can reach the link ``latency`` after it happens.
+            if start < end + latency:
+                if next_ready is not None and start + (self.pending_bytes + to_come) / bandwidth < end + latency:
+                    chunk = bandwidth * (next_ready + latency - start - cost)  # done before the next arrival
                 else:
-                    chunk = bandwidth * (end - start - cost)  # backlogged through the end of backward
+                    chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
             else:
                 if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
                     stages = self._serializations - 1
@@ -238,7 +254,7 @@ class Prophet(ByteScheduler):
             self.pending_bytes -= piece.nbytes
             # Advance the link model: each stage serves the piece after the previous stage and after
             # the piece before it, for ``cost + bytes / bandwidth``.
-            service, done = cost + piece.nbytes / bandwidth, now
+            service, done = cost + piece.nbytes / bandwidth, now + latency
             for j, free in enumerate(stage_free):
                 free += lag
                 done = (free if free > done else done) + service

@@ -328,7 +328,7 @@ class _Engine:
                     piece = op.piece
                     self.trace.append(["op", op.iteration, piece.index, op.row_start, op.row_end, piece.nbytes,
                                        op.extra.get("submit"), op.extra.get("issue"), now,
-                                       bw.bytes_per_s, bw.message_cost])
+                                       bw.bytes_per_s, bw.message_cost, bw.latency])
         else:
             entry = self.by_name[op.name]
             entry.rows_left -= op.row_end - op.row_start

@@ -138,3 +138,74 @@ def test_never_idles_the_link_while_bytes_are_pending(arch, bandwidth):
     assert scheduler._plan is not None  # the default mode was in charge after profiling
     assert not idle_with_pending
     assert scheduler.pending_bytes == 0 and not scheduler._queue
+
+
+class LatencyLink:
+    """One FIFO stage whose ops reach it ``latency`` after they are sent (an engine's start-up, which
+    ops already in flight overlap, as gloo's and BytePS's do)."""
+
+    serializations = 1
+
+    def __init__(self, loop: Loop, latency: float) -> None:
+        self.loop, self.latency, self.free = loop, latency, 0.0
+        self.sent: list[tuple[float, Task]] = []
+        self.in_flight = 0
+        self.max_in_flight: dict[int, int] = {}  # per iteration: the most ops in flight at once
+        self.scheduler = None
+
+    def send(self, task):
+        now = self.loop.clock.now()
+        self.sent.append((now, task))
+        self.in_flight += 1
+        self.max_in_flight[task.iteration] = max(self.max_in_flight.get(task.iteration, 0), self.in_flight)
+        self.free = max(self.free, now + self.latency) + COST + task.nbytes / BANDWIDTH
+        self.loop.at(self.free, self._finished, task)
+
+    def _finished(self, task):
+        self.in_flight -= 1
+        self.scheduler.finished(task)
+
+
+def run_on_latency_link(told, latency=0.005):
+    """A 20 MB gradient at 0, five 64 KB ones at the end of backward (10.0-10.4 ms), on a link where
+    every op pays ``latency``; the monitor reports ``told``. Returns (last iteration's sends, its
+    gradients' finish times, the link), times relative to the iteration's start."""
+    loop = Loop()
+    link = LatencyLink(loop, latency)
+    scheduler = Prophet(Settings(scheduler="prophet", partition=10**9), loop.clock, link)
+    link.scheduler = scheduler
+    scheduler.bandwidth.latency = told
+    done = {}
+    scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
+    arrivals = [(5, 0.0, (5000, 1000))] + [(i, 0.010 + 1e-4 * (4 - i), (16, 1000)) for i in range(5)]
+    period = 0.1
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=period)
+    assert scheduler._plan is not None  # the default mode decided the last iteration
+    t0 = 5 * period
+    sends = [(t - t0, task) for t, task in link.sent if task.iteration == 5]
+    finishes = {index: t - t0 for (it, index), t in done.items() if it == 5}
+    return sends, finishes, link
+
+
+def test_latency_reported_small_pieces_go_in_flight_together():
+    """With the start-up latency reported, a small piece is sent while the op on the link frees within
+    that latency of the next event: all small gradients after the end of backward are in flight
+    together, instead of one per completion each paying the latency on an idle link."""
+    sends, finishes, link = run_on_latency_link(told=0.005)
+    end = 0.0104  # gradient 0's arrival, the end of backward
+    small = [t for t, task in sends if task.index < 5]
+    assert len(small) == 5 and all(t <= end + 1e-9 for t in small)  # none waited for a completion
+    assert link.max_in_flight[5] >= 6  # the small ones and the chunk of the large one on the link
+    _, unaware, _ = run_on_latency_link(told=0.0)
+    assert max(finishes.values()) < max(unaware.values()) - 0.008  # the iteration ends >= 8 ms sooner
+    assert finishes[0] <= unaware[0]
+
+
+def test_latency_zero_keeps_one_piece_queued_behind_the_link():
+    """Latency 0 (the core monitor's, the simulator's): unchanged rule, a piece is sent only when the
+    link would free before the next completion, so after the end of backward the small gradients
+    go one per completion (at most one queued behind the one on the link)."""
+    sends, _, link = run_on_latency_link(told=0.0)
+    small = sorted(t for t, task in sends if task.index < 5)
+    assert len(small) == 5 and link.max_in_flight[5] == 2
+    assert all(b - a > 0.002 for a, b in zip(small, small[1:]))  # each waited for a completion
