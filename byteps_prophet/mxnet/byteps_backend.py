@@ -43,7 +43,7 @@ import mxnet as mx
 from byteps_prophet.core import Settings
 from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.mxnet.engine import copy_raw
-from byteps_prophet.mxnet.kvstore import ATOM_ENV, ScheduledKVStore, atom_elements
+from byteps_prophet.mxnet.kvstore import ScheduledKVStore
 
 INIT_THREADS = 16  # names initialised at once (each a blocking round trip with every worker)
 
@@ -51,24 +51,7 @@ INIT_THREADS = 16  # names initialised at once (each a blocking round trip with 
 def create_byteps_kvstore(settings: Settings | None = None, **kwargs) -> "BytePSScheduledKVStore":
     """``byteps.mxnet.init()`` and a scheduled store over it."""
     settings = Settings.from_env() if settings is None else settings
-    check_atoms(settings)  # before BytePS starts
     return BytePSScheduledKVStore(BytePSTransport(), settings=settings, **kwargs)
-
-
-def check_atoms(settings: Settings, environ=None) -> None:
-    """Refuse atoms finer than a partition on BytePS.
-
-    With Prophet's default atoms (partition / 4) about 1 run in 3 on the local cluster ended with
-    parameters different from FIFO's (max difference 2.6-3.4 after 6 steps); with atoms equal to the
-    partition 3 runs of 3 were exact here, but a later run also failed with them: this makes the
-    race (not found yet, docs/MXNET.md) rarer, it does not remove it.
-    """
-    env = os.environ if environ is None else environ
-    raw = env.get(ATOM_ENV, "").strip()
-    if raw and settings.scheduler == "prophet" and atom_elements(settings, env) < settings.partition:
-        raise ConfigError(f"{ATOM_ENV}={raw} is below BYTESCHEDULER_PARTITION={settings.partition} on the "
-                          f"byteps.mxnet backend, where finer atoms can give wrong sums (docs/MXNET.md); "
-                          f"valid: unset, or >= {settings.partition}")
 
 
 class BytePSTransport:
@@ -133,8 +116,6 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         self._init_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bpp-bps-fill")
         self._rounds: dict[int, int] = {}
         super().__init__(kvstore, settings=settings, **kwargs)
-        check_atoms(self.settings)
-        self._atom = max(self._atom, self.settings.partition)  # see check_atoms
 
     @staticmethod
     def is_capable(capability: str) -> bool:
@@ -180,7 +161,10 @@ class BytePSScheduledKVStore(ScheduledKVStore):
                 futures.append(self._init_pool.submit(real.push_pull, f"bpp.{atom_key}.1", dummy))
             entry.init_futures = futures
             entry.init_bufs = bufs + dummies
-        entry.abufs = bufs  # rank 0's value: what a pull returns until the first sum
+        # Rank 0's value: what a pull returns until the first sum. Never a round's buffer: the
+        # broadcast's gate may copy it into the parameter after the first round has started
+        # (Gluon initialises the store inside the first step, after that step's backward).
+        entry.init_values = bufs
 
     def _init_done(self, entry, deadline=None) -> None:
         for future in getattr(entry, "init_futures", ()):
@@ -201,15 +185,16 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         if entry.last is not None:
             self._wait(entry.last.done)
         if not getattr(entry, "init_futures", None):
+            results = entry.init_values if entry.last is None else entry.abufs
             for out in outs:
                 rows = out.reshape(entry.shape)
-                for (row_start, row_end, _), buf in zip(entry.atoms, entry.abufs):
+                for (row_start, row_end, _), buf in zip(entry.atoms, results):
                     buf.copyto(rows[row_start:row_end])
             return
         # Still initialising: hold the outputs with a gate (later readers wait for it, nothing else
         # does) and fill them when the key's first push_pulls are through.
         token = self._gate.hold(outs)
-        futures, bufs = entry.init_futures, entry.abufs
+        futures, bufs = entry.init_futures, entry.init_values
 
         def fill():
             try:

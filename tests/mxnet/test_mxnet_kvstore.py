@@ -125,7 +125,9 @@ def _train(tmp_path, tag, scheduler, **extra) -> tuple:
         env["BYTEPS_SCHEDULER"] = scheduler
     result = run_local([sys.executable, WORKER], workers=2, servers=1, env=env, timeout=150)
     assert result.ok, (result.reason, {k: v[-20:] for k, v in result.output.items()})
-    return dict(np.load(out)), result
+    values = dict(np.load(out))
+    _assert_same(values, dict(np.load(tmp_path / f"{tag}.rank1.npz")))  # the workers agree
+    return values, result
 
 
 def _assert_same(a: dict, b: dict, tol=1e-6):

@@ -1,6 +1,6 @@
 """Worker for the multi-process tests: K steps of a small Gluon net on fixed synthetic data, then
-saves the parameters (worker 0) to $BPP_OUT. Knobs: BPP_STEPS, BPP_PLAIN=1 (unwrapped dist_sync
-store), BPP_DIE_AT=step:worker (that worker exits 3 at that step), BPP_UNUSED=1 (a parameter with
+saves the parameters to $BPP_OUT (worker 0; worker r to <$BPP_OUT without .npz>.rank<r>.npz).
+Knobs: BPP_STEPS, BPP_PLAIN=1 (unwrapped dist_sync store), BPP_DIE_AT=step:worker (that worker exits 3 at that step), BPP_UNUSED=1 (a parameter with
 grad_req='null' and a block not in the graph), BPP_ON_KV=0 (optimizer on the worker),
 BPP_BACKEND=byteps (the scheduled store over byteps.mxnet; optimizer on the worker)."""
 import os
@@ -63,9 +63,10 @@ for step in range(steps):
     loss.backward()
     trainer.step(16, ignore_stale_grad=True)
 mx.nd.waitall()
-if kv.rank == 0 and os.environ.get("BPP_OUT"):
+if os.environ.get("BPP_OUT"):  # worker 0's at BPP_OUT, the others' at <BPP_OUT>.rank<r>.npz
     params = {k: v.data().asnumpy() for k, v in net.collect_params().items()}
-    np.savez(os.environ["BPP_OUT"], **params)
+    out = os.environ["BPP_OUT"]
+    np.savez(out if kv.rank == 0 else f"{out.removesuffix('.npz')}.rank{kv.rank}.npz", **params)
 if hasattr(kv, "close"):
     kv.close()
 print("worker", kv.rank, "done", flush=True)
