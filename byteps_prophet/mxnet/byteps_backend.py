@@ -26,7 +26,8 @@ layer-wise overlap, the leader's order; see kvstore.py). The transport differs:
 
 Process environment: two BytePS workers on one host (the local cluster shares ``/tmp``) would bind
 the same unix sockets, so an unset ``BYTEPS_SOCKET_PATH`` is set to a private temporary directory
-before ``init`` (removed at ``close``). ``close`` also calls ``byteps.mxnet.shutdown()``.
+before ``init`` (removed at ``close``). ``close`` also calls ``byteps.mxnet.shutdown()`` (not when the
+transport was made with ``init=False`` over a BytePS the caller initialised).
 Do not import ``byteps.torch`` in the same process (both plugins crash at exit, docs/BYTEPS.md).
 """
 from __future__ import annotations
@@ -59,9 +60,13 @@ class BytePSTransport:
 
     type = "dist_sync_byteps"  # 'dist': Gluon treats it as a distributed store
 
-    def __init__(self) -> None:
+    def __init__(self, init: bool = True) -> None:
+        """``init=False``: BytePS is already initialised by the caller (the patched
+        ``byteps.mxnet.DistributedTrainer``, see switch.py), which also owns its shutdown: this
+        transport then neither calls ``init()`` nor, at ``shutdown``, ``byteps.mxnet.shutdown()``."""
+        self._owns_bps = init
         self._socket_dir = None
-        if not os.environ.get("BYTEPS_SOCKET_PATH"):
+        if init and not os.environ.get("BYTEPS_SOCKET_PATH"):
             self._socket_dir = tempfile.mkdtemp(prefix="bpp-bps-sock-")
             os.environ["BYTEPS_SOCKET_PATH"] = self._socket_dir
         try:
@@ -74,7 +79,8 @@ class BytePSTransport:
 
         self.bps = bps
         self.mx = mx
-        bps.init()
+        if init:
+            bps.init()
         self.rank = bps.rank()
         self.num_workers = bps.size()
         self._declared: set[str] = set()
@@ -99,7 +105,8 @@ class BytePSTransport:
     def shutdown(self) -> None:
         if not self._closed:
             self._closed = True
-            self.bps.shutdown()
+            if self._owns_bps:
+                self.bps.shutdown()
             self._cleanup()
 
     def _cleanup(self) -> None:
