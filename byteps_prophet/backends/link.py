@@ -32,10 +32,12 @@ core's two estimators but feeds them differently:
 """
 from __future__ import annotations
 
+import os
 import statistics
 from collections import deque
 
 from byteps_prophet.core.bandwidth import BandwidthMonitor
+from byteps_prophet.errors import ConfigError
 
 MIN_FIT = 8
 
@@ -141,3 +143,13 @@ class LinkMonitor(BandwidthMonitor):
 
     def reset(self) -> None:
         self._lm_reset()
+
+
+def install_link_monitor(scheduler, serializations: int) -> None:
+    """Give a real backend's scheduler a :class:`LinkMonitor`, unless ``BYTEPS_PROPHET_LINK=core``
+    asks for the core's monitor (each completion an exact sample, as in the simulator)."""
+    mode = os.environ.get("BYTEPS_PROPHET_LINK", "measured").strip().lower() or "measured"
+    if mode not in ("measured", "core"):
+        raise ConfigError(f"BYTEPS_PROPHET_LINK={mode!r} is invalid; valid: measured, core")
+    if mode == "measured":
+        scheduler.bandwidth = LinkMonitor(serializations=serializations)

@@ -47,6 +47,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
+from byteps_prophet.backends.link import install_link_monitor
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.mxnet.engine import EngineGate, copy_raw
@@ -149,6 +150,8 @@ class ScheduledKVStore(KVStoreBase):
         self.leader = is_leader(kvstore)
         local = self.settings if self.leader else self.settings.replace(scheduler="fifo")
         self.scheduler = make_scheduler(local, self._clock, self, self._on_done)
+        if self.leader:  # ps-lite/BytePS ops pay a start-up latency that ops in flight overlap
+            install_link_monitor(self.scheduler, self.serializations)
         self._gate = EngineGate()
         self._keys: dict[Any, _Key] = {}
         self._next_atom_key = 0

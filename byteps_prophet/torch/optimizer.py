@@ -42,6 +42,7 @@ import torch
 
 from byteps_prophet.backends import Backend, make_backend
 from byteps_prophet.backends.base import BackendError, Op
+from byteps_prophet.backends.link import install_link_monitor
 from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.errors import ConfigError, UserError
@@ -76,13 +77,6 @@ def default_backend_name() -> str:
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         return "gloo"
     return "local"
-
-
-def _link_mode() -> str:
-    mode = os.environ.get("BYTEPS_PROPHET_LINK", "measured").strip().lower() or "measured"
-    if mode not in ("measured", "core"):
-        raise ConfigError(f"BYTEPS_PROPHET_LINK={mode!r} is invalid; valid: measured, core")
-    return mode
 
 
 PROPHET_PARTITION = 4_000_000  # elements: Prophet's pieces in the queue; its own cuts size what is sent
@@ -173,10 +167,8 @@ class _Engine:
         self.leader = backend.rank == 0
         settings = self.settings = _prophet_settings(settings)
         self.scheduler = make_scheduler(settings, self.clock, self, self._on_done) if self.leader else None
-        if self.scheduler is not None and _link_mode() == "measured":
-            from byteps_prophet.backends.link import LinkMonitor
-
-            self.scheduler.bandwidth = LinkMonitor(serializations=backend.serializations)
+        if self.scheduler is not None:
+            install_link_monitor(self.scheduler, backend.serializations)
         self.serializations = backend.serializations  # the Transport contract
         self._done: list[_Param] = []
         self.sync = Synchroniser(backend, self._on_op_finished, self._on_error)

@@ -20,6 +20,7 @@ mx = pytest.importorskip("mxnet")
 from byteps_prophet.core import Settings  # noqa: E402
 from byteps_prophet.errors import ConfigError  # noqa: E402
 from byteps_prophet.mxnet.engine import EngineGate, copy_raw  # noqa: E402
+from byteps_prophet.mxnet import kvstore as skv  # noqa: E402
 from byteps_prophet.mxnet.kvstore import atom_elements, atom_rows  # noqa: E402
 from byteps_prophet.mxnet.launch import run_local  # noqa: E402
 
@@ -53,6 +54,32 @@ def test_atom_env_validated():
     assert atom_elements(s, {"PROPHET_MXNET_ATOM_ELEMENTS": "5000"}) == 5000
     with pytest.raises(ConfigError, match="PROPHET_MXNET_ATOM_ELEMENTS"):
         atom_elements(s, {"PROPHET_MXNET_ATOM_ELEMENTS": "x"})
+
+
+def test_leader_measures_the_link_like_the_torch_plugin(monkeypatch):
+    """The scheduling worker's monitor is the LinkMonitor (start-up latency apart from the link's
+    cost, read by Prophet's hold); BYTEPS_PROPHET_LINK=core gives the core's; a bad value is refused."""
+    from byteps_prophet.backends.link import LinkMonitor
+    from byteps_prophet.core.bandwidth import BandwidthMonitor
+
+    settings = Settings(scheduler="prophet")
+    kv = skv.create("local", settings=settings)
+    try:
+        assert kv.leader and type(kv.scheduler.bandwidth) is LinkMonitor
+        kv.init(3, mx.nd.ones((10, 4)))
+        out = mx.nd.zeros((10, 4))
+        kv.pushpull(3, mx.nd.ones((10, 4)) * 2, out=out)
+        kv.flush(timeout=30)
+        assert out.asnumpy().tolist() == [[2.0] * 4] * 10
+    finally:
+        kv.close()
+    monkeypatch.setenv("BYTEPS_PROPHET_LINK", "core")
+    kv = skv.create("local", settings=settings)
+    assert type(kv.scheduler.bandwidth) is BandwidthMonitor
+    kv.close()
+    monkeypatch.setenv("BYTEPS_PROPHET_LINK", "bogus")
+    with pytest.raises(ConfigError, match="BYTEPS_PROPHET_LINK='bogus' is invalid; valid: measured, core"):
+        skv.create("local", settings=settings)
 
 
 def test_invalid_scheduler_is_one_line_error():
