@@ -66,5 +66,10 @@ class ScheduledGradients:
         try:
             self.store.flush(timeout=CLOSE_TIMEOUT_S)
             self.store.close()
+            if self.store.leader:  # what was scheduled, in one line
+                stats = self.store.stats()
+                sys.stderr.write(f"byteps_prophet: {self.store.scheduler.name} scheduled {stats['iterations']} "
+                                 f"steps of {stats['keys']} gradients in {stats['atoms']} atoms\n")
+                sys.stderr.flush()
         except Exception as err:  # noqa: BLE001 - at exit: say it in one line, never a traceback
             sys.stderr.write(f"byteps_prophet: closing the scheduled store failed: {err}\n")
