@@ -223,7 +223,10 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         self._init_waiter.submit(fill)
 
     def _register(self, key, values, outs, priority) -> None:
-        self._init_done(self._entry(key))  # a first scheduled push_pull must not be the name's init
+        entry = self._entry(key)
+        if getattr(entry, "init_futures", None):
+            with self._registering():  # may take seconds: not an idle end of the step
+                self._init_done(entry)  # a first scheduled push_pull must not be the name's init
         super()._register(key, values, outs, priority)
 
     def flush(self, timeout: float | None = None) -> None:

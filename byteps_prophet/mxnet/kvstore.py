@@ -32,6 +32,7 @@ per atom with the parameter's own lr/wd multipliers (the optimizer is re-keyed b
 from __future__ import annotations
 
 import bisect
+import contextlib
 import copy
 import math
 import os
@@ -53,7 +54,7 @@ from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.mxnet.engine import EngineGate, copy_raw
 
 ATOM_ENV = "PROPHET_MXNET_ATOM_ELEMENTS"
-IDLE_CLOSE_S = 0.02  # no pushpull for this long closes the step (unused parameters never come)
+IDLE_CLOSE_S = 0.1  # no pushpull for this long closes the step (unused parameters never come)
 _IDLE, _SENT, _DONE = 0, 1, 2
 
 
@@ -298,14 +299,8 @@ class ScheduledKVStore(KVStoreBase):
             if key in self._step_keys:  # the same key again: a new step began
                 self._close_step()
         if entry.last is not None and not entry.last.all_sent.is_set():
-            with self._cv:
-                self._blocked += 1  # a registration in progress: the step is not idle
-            try:
+            with self._registering():
                 self._wait(entry.last.all_sent)  # its staging buffer is read by pushes not yet issued
-            finally:
-                with self._cv:
-                    self._blocked -= 1
-                    self._last_register = time.monotonic()
         self._send_optimizer()
         if entry.gstage is None:
             entry.gstage = mx.nd.zeros(entry.shape, ctx=values[0].context, dtype=entry.dtype)
@@ -328,6 +323,18 @@ class ScheduledKVStore(KVStoreBase):
             if self._expected is not None and self._step_keys >= self._expected:
                 self._close_step()
             self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def _registering(self):
+        """A registration waits: the step is not idle meanwhile (the probe must not close it)."""
+        with self._cv:
+            self._blocked += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._blocked -= 1
+                self._last_register = time.monotonic()
 
     def _send_optimizer(self) -> None:
         if self._optimizer is None or self._optimizer_keys == self._next_atom_key or "dist" not in self.type:

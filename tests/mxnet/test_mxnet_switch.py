@@ -152,9 +152,12 @@ def test_scheduler_schedules_unmodified_script(results, scheduler):
     _check(results, scheduler)
     lines = _lines(results[1][scheduler])
     assert len([line for line in lines if f"scheduled by {scheduler} over BytePS" in line]) == 1, lines[-20:]
-    # at exit the leader says what it scheduled: every step, the 6 gradients cut into more atoms
+    # at exit the leader says what it scheduled: every step, the 6 gradients cut into more atoms. Step 0
+    # may count as a few: the store closes a step after 20 ms without a registration, and step 0's
+    # registrations compete with BytePS's name initialisation (waiting for it no longer ends a step:
+    # 7 for 5 steps here, 11 before).
     summary = [line for line in lines if line.startswith(f"byteps_prophet: {scheduler} scheduled ")]
     assert len(summary) == 1, lines[-20:]
     words = summary[0].split()
     steps, keys, atoms = int(words[3]), int(words[6]), int(words[9])
-    assert steps >= int(ENV["BPP_STEPS"]) - 1 and keys == 6 and atoms > keys, summary
+    assert int(ENV["BPP_STEPS"]) <= steps <= int(ENV["BPP_STEPS"]) + 3 and keys == 6 and atoms > keys, summary
