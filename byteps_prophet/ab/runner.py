@@ -238,8 +238,6 @@ class ABRunner:
                 "tuning": self.tuning, "warnings": self.warnings, "runs": self.runs}
 
 
-
-
 def format_table(summary: dict) -> str:
     cfg = summary["config"]
     head = (f"A/B {cfg['framework']}/{cfg['backend']} {cfg['model']} x{cfg['workers']} workers, batch {cfg['batch']}, "

@@ -16,7 +16,6 @@ import sys
 import time
 
 
-
 def _expected(round_index: int, workers: int) -> float:
     return float((round_index + 1) * workers * (workers + 1) // 2)
 

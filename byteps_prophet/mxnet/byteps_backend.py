@@ -51,7 +51,6 @@ INIT_THREADS = 16  # names initialised at once (each a blocking round trip with 
 
 def create_byteps_kvstore(settings: Settings | None = None, **kwargs) -> "BytePSScheduledKVStore":
     """``byteps.mxnet.init()`` and a scheduled store over it."""
-    settings = Settings.from_env() if settings is None else settings
     return BytePSScheduledKVStore(BytePSTransport(), settings=settings, **kwargs)
 
 
