@@ -28,7 +28,12 @@ core's two estimators but feeds them differently:
 * the **latency** an op pays on an idle link (time in flight minus its bytes at the measured rate,
   median of recent ones) is tracked separately (``latency``): it is not a cost the link serialises,
   so it never enters the per-message cost; Prophet's default mode reads it to keep enough ops in
-  flight to overlap it (core/prophet.py, "Start-up latency").
+  flight to overlap it (core/prophet.py, "Start-up latency");
+* a **change of the link** (tc moved the rate) is detected, not averaged: when ``SHIFT_RUN``
+  back-to-back samples in a row took more than ``SHIFT_RATIO`` times longer (or shorter) than the fit
+  predicts, the older samples are dropped. A window of 32 samples otherwise took 32 back-to-back
+  completions, two to three training steps, to forget the old rate (measured with the A/B's
+  1 -> 0.2 -> 1 Gbit/s schedule: the estimate stayed at a third of the restored rate for 32+ ops).
 """
 from __future__ import annotations
 
@@ -40,6 +45,8 @@ from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.errors import ConfigError
 
 MIN_FIT = 8
+SHIFT_RUN = 4
+SHIFT_RATIO = 1.4
 
 
 class LinkMonitor(BandwidthMonitor):
@@ -57,7 +64,9 @@ class LinkMonitor(BandwidthMonitor):
         self._lm_last_finish = float("-inf")
         self._lm_fit_at = -1
         self._lm_fit: tuple[float, float] | None = None
+        self._lm_shift = 0  # signed length of the current run of samples off the fit in one direction
         self.samples = 0
+        self.shifts = 0  # link changes detected
 
     # -- events ---------------------------------------------------------------------------------------
     def on_send(self, task, now: float) -> None:
@@ -73,11 +82,38 @@ class LinkMonitor(BandwidthMonitor):
         self.samples += 1
         if sent_at < last < now:  # queued behind the previous op: the gap is this op's service
             # (on a link of several FIFO stages, back-to-back completions are one stage's service apart)
+            self._follow_shift(float(task.nbytes), now - last)
             self._lm_samples.append((float(task.nbytes), now - last))
         else:
             rate = self.bytes_per_s
             if rate:
                 self._lm_latency.append(max(0.0, (now - sent_at) - self.serializations * task.nbytes / rate))
+
+    def _follow_shift(self, nbytes: float, service: float) -> None:
+        fit = self._fit()
+        if fit is None or fit[1] * nbytes < fit[0]:  # no line yet, or a sample of mostly per-message cost
+            return
+        ratio = service / (fit[0] + fit[1] * nbytes)
+        step = 1 if ratio > SHIFT_RATIO else -1 if ratio < 1 / SHIFT_RATIO else 0
+        run = self._lm_shift
+        if step == 0:
+            run = 0
+        elif run * step > 0:
+            run += step
+        else:
+            run = step
+        self._lm_shift = run
+        if abs(run) >= SHIFT_RUN:  # this sample and the SHIFT_RUN - 1 before it: the link changed
+            keep = SHIFT_RUN - 1
+            recent = list(self._lm_samples)[-keep:]
+            self._lm_samples.clear()
+            self._lm_samples.extend(recent)
+            rates = list(self._lm_rates)[-SHIFT_RUN:]
+            self._lm_rates.clear()
+            self._lm_rates.extend(rates)
+            self._lm_shift = 0
+            self._lm_fit_at = -1
+            self.shifts += 1
 
     # -- estimates ------------------------------------------------------------------------------------
     def _fit(self):

@@ -70,6 +70,47 @@ def test_link_monitor_measures_what_the_link_serialises():
     assert not m.known and m.bytes_per_s is None and m.message_cost == 0.0
 
 
+def _stream(monitor, rate, ops, start=0.0, jitter=0.0, seed=0):
+    """``ops`` ops kept two deep in flight on a link of ``rate`` bytes/s; returns the time at the end."""
+    import random
+
+    rng = random.Random(seed)
+    sizes = [8_192, 3_000_000, 400_000, 1_000_000]
+    link_free = start
+    tasks = [_task(sizes[k % 4], k) for k in range(ops)]
+    monitor.on_send(tasks[0], start)
+    for i, t in enumerate(tasks):
+        if i + 1 < len(tasks):
+            monitor.on_send(tasks[i + 1], link_free)
+        link_free += (COST + t.nbytes / rate) * (1 + rng.uniform(-jitter, jitter))
+        monitor.on_finish(t, link_free)
+    return link_free
+
+
+@pytest.mark.parametrize("before, after", [(5 * BW, BW), (BW, 5 * BW)])
+def test_link_monitor_follows_a_bandwidth_change_within_a_few_ops(before, after):
+    # tc moves the rate (the A/B's --bandwidth-schedule): the old samples must not linger for a
+    # whole window (32 back-to-back completions, 2-3 training steps)
+    def settled(rate):  # what a monitor that only ever saw this link reports
+        fresh = LinkMonitor(serializations=1)
+        _stream(fresh, rate, 40)
+        return fresh.bytes_per_s
+
+    m = LinkMonitor(serializations=1)
+    now = _stream(m, before, 40)
+    assert m.bytes_per_s == pytest.approx(settled(before), rel=0.02)
+    _stream(m, after, 12, start=now)
+    assert m.bytes_per_s == pytest.approx(settled(after), rel=0.1)
+    assert m.shifts == 1
+
+
+def test_link_monitor_keeps_its_window_on_a_jittery_but_steady_link():
+    m = LinkMonitor(serializations=1)
+    _stream(m, BW, 400, jitter=0.25, seed=3)
+    assert m.shifts == 0
+    assert m.bytes_per_s == pytest.approx(BW, rel=0.15)
+
+
 def test_link_monitor_falls_back_to_delivery_rate():
     m = LinkMonitor(serializations=2)
     t = _task(1_000_000, 0)
