@@ -112,6 +112,10 @@ class _Key:
         # One receive buffer per atom, each its own engine variable: a wait on one atom's result
         # never waits for another atom's (slices of one array share one variable in MXNet's engine).
         self.abufs: list[mx.nd.NDArray] = []
+        # Plain pulls (broadcast, pull) land in their own per-atom buffers; ``pulled`` holds them
+        # until the next push of this key, which must not be sent before they are written.
+        self.pbufs: list[mx.nd.NDArray] = []
+        self.pulled: list[mx.nd.NDArray] = []
         self.last: "_Sync | None" = None
 
     def atoms_between(self, row_start: int, row_end: int) -> range:
@@ -130,6 +134,7 @@ class _Sync:
         self.state = [_IDLE] * len(key.atoms)
         self.waiting: list[list[Task]] = [[] for _ in key.atoms]
         self.sent_count = 0
+        self.after_pull: list[mx.nd.NDArray] = []  # a plain pull of this key to finish first
         self.all_sent = threading.Event()
         self.done = threading.Event()  # rows synchronised and copied into ``outs``
 
@@ -272,13 +277,31 @@ class ScheduledKVStore(KVStoreBase):
                 self._real._barrier()
 
     def _pull_one(self, key, outs: list, priority: int) -> None:
+        """Pull into per-atom buffers, then copy into ``outs`` (engine ops, no wait).
+
+        The pull must reach the server before this worker's next push of the key: in dist_sync without
+        a server optimizer the server replaces the value with the merged push once every worker
+        pushed, so a pull served later returns a gradient sum. MXNet orders nothing between the two
+        (on CPU its push sends the gradient array itself, the pull writes another buffer). Gluon's
+        first ``Trainer.step`` issues the broadcast's pull *after* backward, right before the first
+        gradient push, so the stock store can hand a worker the gradient sum as its initial parameter
+        (docs/MXNET.md). Here the next push of the key waits until these buffers are written."""
         entry = self._entry(key)
         if entry.last is not None:
             self._wait(entry.last.done)
+        if not outs:
+            return
+        if not entry.pbufs:
+            entry.pbufs = [mx.nd.zeros((end - start,) + tuple(entry.shape[1:]), ctx=outs[0].context,
+                                       dtype=entry.dtype) for start, end, _ in entry.atoms]
         with self._lock:
-            for row_start, row_end, atom_key in entry.atoms:
-                self._real.pull(atom_key, out=[o.reshape(entry.shape)[row_start:row_end] for o in outs],
-                                priority=priority)
+            for (_, _, atom_key), buf in zip(entry.atoms, entry.pbufs):
+                self._real.pull(atom_key, out=buf, priority=priority)
+        for out in outs:
+            rows = out.reshape(entry.shape)
+            for (row_start, row_end, _), buf in zip(entry.atoms, entry.pbufs):
+                buf.copyto(rows[row_start:row_end] if len(entry.atoms) > 1 else rows)
+        entry.pulled = entry.pbufs
 
     # -- push / pushpull: scheduled ----------------------------------------------------------------------
     def push(self, key, value, priority=0) -> None:
@@ -316,6 +339,7 @@ class ScheduledKVStore(KVStoreBase):
         index = -priority if priority < 0 else (key if isinstance(key, int) and key >= 0 else entry.order)
         with self._cv:
             sync = _Sync(entry, outs, token, index, self._iteration)
+            sync.after_pull, entry.pulled = entry.pulled, []
             entry.last = sync
             self._step.append(sync)
             self._step_keys.add(key)
@@ -390,6 +414,8 @@ class ScheduledKVStore(KVStoreBase):
                         return
                     iteration, syncs = self._closed_steps.popleft()
                 for sync in sorted(syncs, key=lambda s: -s.task.index):  # backward order
+                    for buf in sync.after_pull:  # a plain pull of the key is written (see _pull_one)
+                        buf.wait_to_read()
                     sync.key.gstage.wait_to_read()
                     with self._lock:
                         self._trace("ready", sync.task.name, iteration)

@@ -23,8 +23,10 @@ from byteps_prophet.mxnet.engine import EngineGate, copy_raw  # noqa: E402
 from byteps_prophet.mxnet import kvstore as skv  # noqa: E402
 from byteps_prophet.mxnet.kvstore import atom_elements, atom_rows  # noqa: E402
 from byteps_prophet.mxnet.launch import run_local  # noqa: E402
+from params_check import run_report  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("worker_train.py"))
+PULL_THEN_PUSH = str(Path(__file__).with_name("worker_pull_then_push.py"))
 SCHEDULERS = ("fifo", "bytescheduler", "prophet")
 
 
@@ -151,16 +153,16 @@ def _train(tmp_path, tag, scheduler, **extra) -> tuple:
     else:
         env["BYTEPS_SCHEDULER"] = scheduler
     result = run_local([sys.executable, WORKER], workers=2, servers=1, env=env, timeout=150)
-    assert result.ok, (result.reason, {k: v[-20:] for k, v in result.output.items()})
+    assert result.ok, f"{tag}: {run_report(result)}"
     values = dict(np.load(out))
-    _assert_same(values, dict(np.load(tmp_path / f"{tag}.rank1.npz")))  # the workers agree
+    _assert_same(values, dict(np.load(tmp_path / f"{tag}.rank1.npz")), f"{tag}: worker 0 vs worker 1")
     return values, result
 
 
-def _assert_same(a: dict, b: dict, tol=1e-6):
-    assert a.keys() == b.keys()
+def _assert_same(a: dict, b: dict, what: str, tol=1e-6):
+    assert a.keys() == b.keys(), what
     for k in a:
-        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=tol, err_msg=k)
+        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=tol, err_msg=f"{what}: {k}")
 
 
 @pytest.mark.slow
@@ -171,9 +173,26 @@ def test_parameters_equal_under_all_schedulers(tmp_path, on_kv):
     (partitions and Prophet's finer atoms exercised), and the same as the unwrapped store."""
     results = {s: _train(tmp_path, s, s, BPP_ON_KV=on_kv)[0] for s in ("plain", *SCHEDULERS)}
     for s in SCHEDULERS:
-        _assert_same(results["plain"], results[s])
+        _assert_same(results["plain"], results[s], f"plain vs {s}")
     # training moved the parameters
     assert any(np.abs(v).sum() > 0 for v in results["fifo"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_pull_reaches_the_server_before_the_next_push_of_its_key():
+    """Gluon's first step with update_on_kvstore=False pulls the initial parameters after backward, then
+    pushes the gradients. A dist_sync server without an optimizer stores the merged push, so a pull it
+    serves later returns the gradient sum. With the pull held back in MXNet's engine the unwrapped
+    store shows exactly that (the hold works); the scheduled store (Prophet atoms) must not."""
+    got = {}
+    for tag, env in (("plain", {"BPP_PLAIN": "1"}),
+                     ("prophet", {"BYTEPS_SCHEDULER": "prophet", "BYTESCHEDULER_PARTITION": "1000"})):
+        result = run_local([sys.executable, PULL_THEN_PUSH], workers=1, env=env, timeout=120)
+        assert result.ok, f"{tag}: {run_report(result)}"
+        got[tag] = [line for line in result.output["worker-0"] if line.startswith("RESULT")]
+    assert got["plain"] == ["RESULT pulled=gradient grad=5.0"]  # stock MXNet 1.9: the hazard reproduced
+    assert got["prophet"] == ["RESULT pulled=initial grad=5.0"]
 
 
 @pytest.mark.slow
@@ -182,7 +201,7 @@ def test_unused_parameters_do_not_hang(tmp_path):
     """A grad_req='null' parameter and a block outside the graph: no hang, same values as FIFO."""
     fifo, _ = _train(tmp_path, "fifo", "fifo", BPP_UNUSED="1")
     prophet, result = _train(tmp_path, "prophet", "prophet", BPP_UNUSED="1")
-    _assert_same(fifo, prophet)
+    _assert_same(fifo, prophet, "fifo vs prophet")
     assert result.elapsed < 120
 
 

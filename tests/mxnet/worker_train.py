@@ -44,6 +44,18 @@ if os.environ.get("BPP_BACKEND") == "byteps":
     kv = create_byteps_kvstore()
 elif os.environ.get("BPP_PLAIN") == "1":
     kv = mx.kv.create("dist_sync")
+    # Stock MXNet 1.9 hazard (docs/MXNET.md): Gluon broadcasts the initial parameters inside the first
+    # step, after backward; nothing orders that pull before the key's first gradient push, and a
+    # dist_sync server without an optimizer answers a pull that comes after every worker's push with
+    # the gradient sum. The reference waits for its initial values, as a user of the stock store must.
+    _stock_broadcast = kv.broadcast
+
+    def _broadcast_then_wait(key, value, out, priority=0):
+        _stock_broadcast(key, value, out, priority=priority)
+        for array in out if isinstance(out, (list, tuple)) else [out]:
+            array.wait_to_read()
+
+    kv.broadcast = _broadcast_then_wait
 else:
     kv = skv.create("dist_sync")
 on_kv = os.environ.get("BPP_ON_KV", "1") == "1" and os.environ.get("BPP_BACKEND") != "byteps"
