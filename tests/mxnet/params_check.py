@@ -1,4 +1,5 @@
-"""Shared by the multi-process MXNet tests: every worker's parameters against the expected ones."""
+"""Shared by the multi-process MXNet tests: every worker's parameters against the expected ones, and
+a failed run's report."""
 import numpy as np
 
 
@@ -8,3 +9,14 @@ def assert_every_worker_equals(expected: dict, per_worker: list[dict], atol: flo
         assert expected.keys() == values.keys()
         for key in expected:
             np.testing.assert_allclose(values[key], expected[key], rtol=0, atol=atol, err_msg=f"{key} rank {rank}")
+
+
+def run_report(result, tail: int = 30) -> str:
+    """A cluster run as one string for an assertion message (pytest cuts a non-string message to
+    about 240 characters, which lost a crashed server's last words in CI): the reason, then the last
+    ``tail`` lines of every role, the one that failed first."""
+    parts = [result.reason]
+    for name in sorted(result.output, key=lambda n: n != result.failed):
+        parts.append(f"--- {name} (exit {result.exit_codes.get(name)}):")
+        parts.extend(result.output[name][-tail:])
+    return "\n".join(parts)

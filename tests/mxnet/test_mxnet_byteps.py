@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from params_check import assert_every_worker_equals
+from params_check import assert_every_worker_equals, run_report
 
 pytest.importorskip("mxnet")
 
@@ -53,7 +53,7 @@ def _check(results, scheduler):
     values, runs = results
     for name in ("fifo", scheduler):
         result = runs[name]
-        assert result.ok, (name, result.reason, {k: v[-10:] for k, v in result.output.items()})
+        assert result.ok, f"{name}: {run_report(result)}"
     # Every worker of the run ends with FIFO's worker-0 parameters. Comparing the workers also
     # catches a broadcast that lands late (it once copied the first round's sum into a parameter).
     assert_every_worker_equals(values["fifo"][0], values[scheduler])

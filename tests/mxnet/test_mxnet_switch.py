@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from params_check import assert_every_worker_equals
+from params_check import assert_every_worker_equals, run_report
 
 pytest.importorskip("mxnet")
 
@@ -129,7 +129,7 @@ def _lines(result) -> list[str]:
 def _check(results, scheduler):
     values, runs, references = results
     result = runs[scheduler]
-    assert result.ok, (scheduler, result.reason, {k: v[-10:] for k, v in result.output.items()})
+    assert result.ok, f"{scheduler}: {run_report(result)}"
     # Every worker ends with the parameters the stock trainer's math gives (exact here: the same ops).
     assert_every_worker_equals(references["unset" if scheduler == "unset" else "scheduled"], values[scheduler])
 
