@@ -1,6 +1,7 @@
-"""``BYTEPS_SCHEDULER`` as BytePS's patched plugins read it at import (patch 91, ``byteps.mxnet``).
+"""``BYTEPS_SCHEDULER`` as BytePS's patched plugins read it at import (patch 90, ``byteps.torch``;
+patch 91, ``byteps.mxnet``).
 
-The plugin reads nothing else for ``fifo`` (or unset) and does not need this package then; for any
+Each plugin reads nothing else for ``fifo`` (or unset) and does not need this package then; for any
 other value it calls :func:`scheduler_from_env`, which validates the value and the scheduler's knobs
 (``BYTESCHEDULER_*``, ``PROPHET_*``) through :class:`~byteps_prophet.core.settings.Settings`. Framework-free.
 """
