@@ -1,6 +1,6 @@
 """BytePS push_pull (parameter server): each byte is pushed then pulled, ``serializations = 2``.
 
-A slice is pushed under its own key, ``bpp.<gradient>[<rows>]``, averaged over workers, in place.
+A slice is pushed under ``bpp.<gradient>[<rows>].<round parity>``, averaged over workers, in place.
 BytePS numbers keys in the order a worker first declares them, so every key is declared
 synchronously, just before its first push, from the issuer thread: since every rank issues in rank
 0's announced order, every rank declares in the same order and the numbers agree.
@@ -36,6 +36,7 @@ class BytePSBackend(Backend):
             bps.init()
         self.rank, self.size = bps.rank(), bps.size()
         self._declared: set[str] = set()
+        self._rounds: dict[str, int] = {}
         self._store = None
         if self.size > 1:
             addr = os.environ.get("MASTER_ADDR")
@@ -53,7 +54,13 @@ class BytePSBackend(Backend):
         return StoreChannel(self._store) if self._store is not None else None
 
     def issue(self, op: Op):
-        name = f"bpp.{op.key}"
+        # Two names per slice, used in alternate rounds (as the MXNet store does, docs/MXNET.md): BytePS's
+        # server serves a round's pulls from the sum the next round's first push overwrites, so one name
+        # let a worker's round r+1 push corrupt another's round r pull (ranks ended with different
+        # parameters). Every rank issues the same ops in the same order, so the round counts agree.
+        rounds = self._rounds.get(op.key, 0)
+        self._rounds[op.key] = rounds + 1
+        name = f"bpp.{op.key}.{rounds % 2}"
         if name not in self._declared:
             self.ops.declare(name)
             self._declared.add(name)
