@@ -43,6 +43,7 @@ from byteps_prophet.errors import ConfigError, UserError
 
 OutputSink = Callable[[str, str], None]
 MAX_HOSTS = 250
+ORDER_CHANNEL_PORT = 29512  # worker 0's store for the scheduled BytePS path's order channel
 _SEQ = itertools.count()
 # PID 1 of the role's own PID and mount namespaces: mount a private tmpfs on /dev/shm, run the role's
 # command as an ordinary process (PID 1 would be immune to its own signals, e.g. a `kill -9 $$`),
@@ -374,6 +375,7 @@ class Cluster:
         self.id: str | None = None
         self.switch: str | None = None
         self.port: int | None = None
+        self._order_port: int | None = None
         self._namespaces: list[str] = []
         self._job: Job | None = None
         self._lock = threading.RLock()
@@ -541,9 +543,20 @@ class Cluster:
             root_uri=self.hosts[0].address, root_port=self.port or DEFAULT_PORT,
             interface="lo" if self.use_netns is False else nets.HOST_DEV, cluster_id=self.id or "",
         )
-        return role_environment(role=host.role, index=host.index, node_host=host.address, topology=topology,
-                                engine=self.engine, service_env=host.service.environment,
-                                caller_env=self.environ, run_env=run_env, bin_dir=self.bin_dir)
+        env = role_environment(role=host.role, index=host.index, node_host=host.address, topology=topology,
+                               engine=self.engine, service_env=host.service.environment,
+                               caller_env=self.environ, run_env=run_env, bin_dir=self.bin_dir)
+        if host.role == "worker" and "MASTER_ADDR" not in (run_env or {}):
+            # BYTEPS_SCHEDULER=prophet|bytescheduler keeps the workers' order channel in a store that
+            # worker 0 hosts (backends/byteps_ps.py): an unmodified script must find it without help.
+            env["MASTER_ADDR"] = self.host("worker-0").address
+            env["MASTER_PORT"] = str(self._master_port())
+        return env
+
+    def _master_port(self) -> int:
+        if self._order_port is None:  # every worker host has its own address in namespaces
+            self._order_port = ORDER_CHANNEL_PORT if self.use_netns else free_port()
+        return self._order_port
 
     def command(self, host: Host, worker_command: Sequence[str] | None = None) -> tuple[str, ...]:
         return role_command(host.role, host.service.command, worker_command)

@@ -184,6 +184,19 @@ def test_workers_only_cluster_gets_torch_distributed_environment():
     assert env["BYTEPS_LOG_LEVEL"] == "DEBUG" and env["EXTRA"] == "1"  # the caller's own, as torchrun
 
 
+def test_parameter_server_workers_find_worker_0s_order_channel():
+    # an unmodified BytePS script under BYTEPS_SCHEDULER=prophet keeps its order channel in a store
+    # worker 0 hosts (backends/byteps_ps.py): the cluster tells every worker where, once per cluster
+    with Cluster(ClusterSpec(workers=2, servers=1, netns=False), environ=dict(CALLER, MASTER_ADDR="10.9.9.9")) as cluster:
+        w0, w1 = (cluster.environment(cluster.host(f"worker-{i}")) for i in (0, 1))
+        server = cluster.environment(cluster.host("server-0"))
+        own = cluster.environment(cluster.host("worker-1"), {"MASTER_ADDR": "127.0.0.2", "MASTER_PORT": "1"})
+    assert w0["MASTER_ADDR"] == w1["MASTER_ADDR"] == cluster.host("worker-0").address  # not the caller's
+    assert w0["MASTER_PORT"] == w1["MASTER_PORT"] and w0["MASTER_PORT"] != str(cluster.port)
+    assert (own["MASTER_ADDR"], own["MASTER_PORT"]) == ("127.0.0.2", "1")  # a run's own choice wins
+    assert server.get("MASTER_ADDR") == "10.9.9.9"  # other roles: untouched
+
+
 @pytest.mark.parametrize("module", ["byteps_prophet.torch.launch", "byteps_prophet.mxnet.launch"])
 @pytest.mark.parametrize("argv, fragment", [
     (["-w", "x", "--", "true"], "invalid int value: 'x'"),
