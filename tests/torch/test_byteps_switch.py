@@ -84,7 +84,6 @@ def test_valid_values_are_read(built):
 @pytest.fixture(scope="module")
 def results(built, tmp_path_factory):
     from byteps_prophet.cluster import Cluster, ClusterSpec
-    from byteps_prophet.cluster.local import free_port
 
     out = tmp_path_factory.mktemp("bps-torch-switch")
     values, runs = {}, {}
@@ -98,10 +97,8 @@ def results(built, tmp_path_factory):
                            BYTEPS_PROPHET_TRACE=str(out / f"{scheduler}.trace.json"))
                 if scheduler == "unset":
                     env["BPP_STEPS"] = STOCK_STEPS
-                else:
-                    # byteps_prophet's order channel: a store hosted by worker 0 (as the A/B runner sets it)
-                    env.update(BYTEPS_SCHEDULER=scheduler, MASTER_ADDR=cluster.host("worker-0").address,
-                               MASTER_PORT=str(29511 if cluster.use_netns else free_port()))
+                else:  # nothing else: the cluster tells the workers where worker 0's order channel is
+                    env["BYTEPS_SCHEDULER"] = scheduler
                 result = cluster.run([sys.executable, WORKER], timeout=240, env=env)
                 runs[scheduler] = result
                 files = [out / f"{scheduler}.rank{r}.pt" for r in range(2)]
