@@ -134,6 +134,13 @@ class LinkMonitor(BandwidthMonitor):
                     self._lm_fit = (0.0, my / mx) if intercept < 0 else (intercept, slope)
             elif mx > 0 and my > 0:
                 self._lm_fit = (0.0, my / mx)
+        elif self.shifts and n:
+            # Just after a detected change, the few samples kept are the best evidence of the new link:
+            # a line through the origin, never the peak delivery rate alone (one op sent just before a
+            # burst of completions "delivers" gigabytes per second; seen on the KVStore path).
+            sx, sy = sum(x for x, _ in pts), sum(y for _, y in pts)
+            if sx > 0 and sy > 0:
+                self._lm_fit = (0.0, sy / sx)
         return self._lm_fit
 
     @property

@@ -104,6 +104,20 @@ def test_link_monitor_follows_a_bandwidth_change_within_a_few_ops(before, after)
     assert m.shifts == 1
 
 
+def test_after_a_change_a_burst_of_completions_is_not_taken_for_the_new_rate():
+    m = LinkMonitor(serializations=1)
+    now = _stream(m, BW, 40)
+    now = _stream(m, 5 * BW, 8, start=now)
+    assert m.shifts == 1
+    big, tiny = _task(4_000_000, 900), _task(8_192, 901)
+    m.on_send(big, now)
+    now += COST + big.nbytes / (5 * BW)
+    m.on_send(tiny, now - 1e-6)  # "delivers" the big op's 4 MB in 2 us: 2 TB/s
+    m.on_finish(big, now)
+    m.on_finish(tiny, now + 1e-6)
+    assert m.bytes_per_s < 2 * 5 * BW
+
+
 def test_link_monitor_keeps_its_window_on_a_jittery_but_steady_link():
     m = LinkMonitor(serializations=1)
     _stream(m, BW, 400, jitter=0.25, seed=3)
