@@ -26,7 +26,6 @@ if [[ $REAL == 1 ]]; then
     echo "==> real A/B: vgg, torch/gloo, 2 workers, 1gbit (progress on stderr)"
     .venv/bin/byteps-prophet ab --framework torch --backend gloo --model vgg --workers 2 --bandwidth 1gbit \
       --steps 6 --warmup 2 --rounds 2 --tune-steps 2 --tune-probes 3,1 --plot out/demo_ab.png
-    echo "plot: out/demo_ab.png"
   else
     echo "==> real A/B skipped: needs root for network namespaces and tc (shaped links); simulation only"
   fi

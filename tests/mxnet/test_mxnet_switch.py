@@ -6,7 +6,6 @@ process (worker_bps_trainer.py --reference).
 Needs the patched BytePS (scripts/build_byteps.sh)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -35,47 +34,6 @@ def _clean_env(**extra) -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
-def built():
-    if importlib.util.find_spec("byteps") is None:
-        pytest.skip("byteps is not built (scripts/build_byteps.sh)")
-    probe = subprocess.run([sys.executable, "-c", "import byteps.mxnet as b; b._SCHEDULER"],
-                           env=_clean_env(), capture_output=True, text=True, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip("byteps.mxnet is not built with patch 91 (scripts/build_byteps.sh)")
-
-
-def _import(env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "import byteps.mxnet"], env=_clean_env(**env),
-                          capture_output=True, text=True, timeout=120)
-
-
-def test_invalid_scheduler_stops_import_in_one_line(built):
-    run = _import({"BYTEPS_SCHEDULER": "bogus"})
-    assert run.returncode == 2, run
-    assert run.stderr.strip().splitlines() == [
-        "byteps: BYTEPS_SCHEDULER='bogus' is not a scheduler; valid: fifo, bytescheduler, prophet"]
-
-
-def test_invalid_knob_of_selected_scheduler_stops_import(built):
-    run = _import({"BYTEPS_SCHEDULER": "prophet", "PROPHET_MODE": "fast"})
-    assert run.returncode == 2, run
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "PROPHET_MODE='fast'" in lines[0] and "valid:" in lines[0], lines
-
-
-def test_valid_values_are_read(built):
-    # one process: the value is read again for each case, as at import
-    code = ("import os, byteps.mxnet as b\n"
-            "for v in ['', 'fifo', 'FIFO', ' prophet ', 'bytescheduler']:\n"
-            "    os.environ['BYTEPS_SCHEDULER'] = v\n"
-            "    print(b._scheduler_from_env())\n")
-    run = subprocess.run([sys.executable, "-c", code], env=_clean_env(), capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 0, run
-    assert run.stdout.split() == ["fifo", "fifo", "fifo", "prophet", "bytescheduler"]
-
-
 def test_compression_with_scheduler_is_one_line_error():
     code = ("from byteps_prophet.mxnet.switch import ScheduledGradients; "
             "ScheduledGradients({'compressor': 'onebit'})")
@@ -95,29 +53,18 @@ def _reference(out: Path, steps: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def results(built, tmp_path_factory):
-    from byteps_prophet.cluster import Cluster, ClusterSpec
-
+def results(run_switch_script, tmp_path_factory):
     out = tmp_path_factory.mktemp("bps-switch")
-    values, runs = {}, {}
-    saved = {k: os.environ.pop(k) for k in KNOBS if k in os.environ}  # "unset" must be unset
-    try:
-        with Cluster(ClusterSpec(workers=2, servers=1, bandwidth="1gbit", engine="byteps", grace=2.0),
-                     output=False) as cluster:
-            for scheduler in ("unset", "bytescheduler", "prophet"):
-                path = out / f"{scheduler}.npz"
-                env = dict(ENV, BPP_OUT=str(path))
-                if scheduler == "unset":
-                    env["BPP_STEPS"] = STOCK_STEPS
-                else:
-                    env["BYTEPS_SCHEDULER"] = scheduler
-                result = cluster.run([sys.executable, WORKER], timeout=240, env=env)
-                runs[scheduler] = result
-                files = [out / f"{scheduler}.rank{r}.npz" for r in range(2)]
-                if result.ok and all(f.exists() for f in files):
-                    values[scheduler] = [dict(np.load(f)) for f in files]
-    finally:
-        os.environ.update(saved)
+
+    def env_for(scheduler):
+        return dict(ENV, BPP_OUT=str(out / f"{scheduler}.npz"), **({"BPP_STEPS": STOCK_STEPS} if scheduler == "unset" else {}))
+
+    runs = run_switch_script(WORKER, env_for, KNOBS)
+    values = {}
+    for scheduler, result in runs.items():
+        files = [out / f"{scheduler}.rank{r}.npz" for r in range(2)]
+        if result.ok and all(f.exists() for f in files):
+            values[scheduler] = [dict(np.load(f)) for f in files]
     references = {"unset": _reference(out, STOCK_STEPS), "scheduled": _reference(out, ENV["BPP_STEPS"])}
     return values, runs, references
 

@@ -7,7 +7,6 @@ Needs the patched BytePS (scripts/build_byteps.sh)."""
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import subprocess
@@ -35,77 +34,19 @@ def _clean_env(**extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def built():
-    if importlib.util.find_spec("byteps") is None:
-        pytest.skip("byteps is not built (scripts/build_byteps.sh)")
-    probe = subprocess.run([sys.executable, "-c", "import byteps.torch as b; b._SCHEDULER"],
-                           env=_clean_env(), capture_output=True, text=True, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip("byteps.torch is not built with patch 90 (scripts/build_byteps.sh)")
-
-
-def _import(env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "import byteps.torch"], env=_clean_env(**env),
-                          capture_output=True, text=True, timeout=120)
-
-
-def test_invalid_scheduler_stops_import_in_one_line(built):
-    run = _import({"BYTEPS_SCHEDULER": "bogus"})
-    assert run.returncode == 2, run
-    assert run.stderr.strip().splitlines() == [
-        "byteps: BYTEPS_SCHEDULER='bogus' is not a scheduler; valid: fifo, bytescheduler, prophet"]
-
-
-def test_invalid_knob_of_selected_scheduler_stops_import(built):
-    run = _import({"BYTEPS_SCHEDULER": "bytescheduler", "BYTESCHEDULER_CREDIT": "lots"})
-    assert run.returncode == 2, run
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "BYTESCHEDULER_CREDIT='lots'" in lines[0] and "valid:" in lines[0], lines
-
-
-def test_valid_values_are_read(built):
-    # one process: the value is read again for each case, as at import; fifo (stock BytePS) does not
-    # look at a knob only byteps_prophet reads
-    code = ("import os, byteps.torch as b\n"
-            "os.environ['PROPHET_MODE'] = 'fast'\n"
-            "for v in ['', 'fifo', 'FIFO']:\n"
-            "    os.environ['BYTEPS_SCHEDULER'] = v\n"
-            "    print(b._scheduler_from_env())\n"
-            "del os.environ['PROPHET_MODE']\n"
-            "for v in [' prophet ', 'bytescheduler']:\n"
-            "    os.environ['BYTEPS_SCHEDULER'] = v\n"
-            "    print(b._scheduler_from_env())\n")
-    run = subprocess.run([sys.executable, "-c", code], env=_clean_env(PROPHET_MODE="fast"), capture_output=True,
-                         text=True, timeout=120)
-    assert run.returncode == 0 and run.stderr == "", run
-    assert run.stdout.split() == ["fifo", "fifo", "fifo", "prophet", "bytescheduler"]
-
-
-@pytest.fixture(scope="module")
-def results(built, tmp_path_factory):
-    from byteps_prophet.cluster import Cluster, ClusterSpec
-
+def results(run_switch_script, tmp_path_factory):
     out = tmp_path_factory.mktemp("bps-torch-switch")
-    values, runs = {}, {}
-    saved = {k: os.environ.pop(k) for k in KNOBS if k in os.environ}  # "unset" must be unset
-    try:
-        with Cluster(ClusterSpec(workers=2, servers=1, bandwidth="1gbit", engine="byteps", grace=2.0),
-                     output=False) as cluster:
-            for scheduler in ("unset", "bytescheduler", "prophet"):
-                # the trace is written by byteps_prophet's optimizer only: stock BytePS ignores it
-                env = dict(ENV, BPP_OUT=str(out / f"{scheduler}.pt"),
-                           BYTEPS_PROPHET_TRACE=str(out / f"{scheduler}.trace.json"))
-                if scheduler == "unset":
-                    env["BPP_STEPS"] = STOCK_STEPS
-                else:  # nothing else: the cluster tells the workers where worker 0's order channel is
-                    env["BYTEPS_SCHEDULER"] = scheduler
-                result = cluster.run([sys.executable, WORKER], timeout=240, env=env)
-                runs[scheduler] = result
-                files = [out / f"{scheduler}.rank{r}.pt" for r in range(2)]
-                if result.ok and all(f.exists() for f in files):
-                    values[scheduler] = [torch.load(f) for f in files]
-    finally:
-        os.environ.update(saved)
+
+    def env_for(scheduler):  # the trace is written by byteps_prophet's optimizer only: stock BytePS ignores it
+        return dict(ENV, BPP_OUT=str(out / f"{scheduler}.pt"), BYTEPS_PROPHET_TRACE=str(out / f"{scheduler}.trace.json"),
+                    **({"BPP_STEPS": STOCK_STEPS} if scheduler == "unset" else {}))
+
+    runs = run_switch_script(WORKER, env_for, KNOBS)
+    values = {}
+    for scheduler, result in runs.items():
+        files = [out / f"{scheduler}.rank{r}.pt" for r in range(2)]
+        if result.ok and all(f.exists() for f in files):
+            values[scheduler] = [torch.load(f) for f in files]
     references = {}
     for steps in {STOCK_STEPS, ENV["BPP_STEPS"]}:
         path = out / f"reference-{steps}.pt"
