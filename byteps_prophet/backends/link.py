@@ -82,8 +82,9 @@ class LinkMonitor(BandwidthMonitor):
         self.samples += 1
         if sent_at < last < now:  # queued behind the previous op: the gap is this op's service
             # (on a link of several FIFO stages, back-to-back completions are one stage's service apart)
-            self._follow_shift(float(task.nbytes), now - last)
+            self._follow_shift(float(task.nbytes), now - last)  # judged against the fit before it
             self._lm_samples.append((float(task.nbytes), now - last))
+            self._lm_fit_at = -1  # that fit is cached under this completion's count: refit with the sample
         else:
             rate = self.bytes_per_s
             if rate:
@@ -112,7 +113,6 @@ class LinkMonitor(BandwidthMonitor):
             self._lm_rates.clear()
             self._lm_rates.extend(rates)
             self._lm_shift = 0
-            self._lm_fit_at = -1
             self.shifts += 1
 
     # -- estimates ------------------------------------------------------------------------------------
