@@ -550,10 +550,10 @@ class Cluster:
             # BYTEPS_SCHEDULER=prophet|bytescheduler keeps the workers' order channel in a store that
             # worker 0 hosts (backends/byteps_ps.py): an unmodified script must find it without help.
             env["MASTER_ADDR"] = self.host("worker-0").address
-            env["MASTER_PORT"] = str(self._master_port())
+            env["MASTER_PORT"] = str(self._order_channel_port())
         return env
 
-    def _master_port(self) -> int:
+    def _order_channel_port(self) -> int:
         if self._order_port is None:  # every worker host has its own address in namespaces
             self._order_port = ORDER_CHANNEL_PORT if self.use_netns else free_port()
         return self._order_port
