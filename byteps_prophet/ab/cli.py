@@ -30,20 +30,21 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", default=None, metavar="PNG")
     p.add_argument("--variants", default=",".join(("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")),
-                   help="comma-separated subset of fifo, bytescheduler, bytescheduler_tuned, prophet")
+                   help="comma-separated subset of fifo, bytescheduler, bytescheduler_tuned, prophet, compute_only "
+                        "(every worker trains alone, no communication: the compute limit; not run by default)")
     p.add_argument("--record", default=None, metavar="DIR",
                    help="write each run's profile (for `simulate --profile`) and rank-0 event trace into DIR")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from byteps_prophet.ab.runner import VARIANTS, ABConfig, ABRunner, format_table, plot
+    from byteps_prophet.ab.runner import CHOICES, ABConfig, ABRunner, format_table, plot
     from byteps_prophet.errors import UserError
 
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    bad = [v for v in variants if v not in VARIANTS]
+    bad = [v for v in variants if v not in CHOICES]
     if bad or not variants:
-        raise UserError(f"--variants {args.variants!r} is invalid; valid: a comma-separated subset of {', '.join(VARIANTS)}")
+        raise UserError(f"--variants {args.variants!r} is invalid; valid: a comma-separated subset of {', '.join(CHOICES)}")
 
     backend = args.backend or ("gloo" if args.framework == "torch" else "kvstore")
     cfg = ABConfig(framework=args.framework, backend=backend, model=args.model, workers=args.workers,

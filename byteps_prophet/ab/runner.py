@@ -22,9 +22,12 @@ from pathlib import Path
 from byteps_prophet.errors import UserError
 
 VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
+# Not a schedule: every worker trains alone, no communication at all, all at once on the same machine.
+# Its throughput is the compute limit no schedule can pass (ALGORITHMS.md section 4); opt-in.
+COMPUTE_ONLY = "compute_only"
+CHOICES = VARIANTS + (COMPUTE_ONLY,)
 BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
 GLOO_COMPOSE = Path(__file__).with_name("gloo-compose.yml")
-GLOO_PORT = 29511
 
 
 @dataclass
@@ -69,8 +72,8 @@ class ABConfig:
             parse_bandwidth(rate)  # raises a one-line error naming the value
 
 
-def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False) -> list[str]:
-    backend = cfg.backend
+def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, backend: str | None = None) -> list[str]:
+    backend = backend or cfg.backend
     argv = [sys.executable, "-m", f"byteps_prophet.{cfg.framework}.bench", "--model", cfg.model,
             "--batch", str(cfg.batch), "--steps", str(cfg.steps), "--warmup", str(cfg.warmup),
             "--backend", backend, "--workers", str(cfg.workers)]
@@ -84,6 +87,8 @@ def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False) 
 
 
 def variant_env(variant: str, tuned_credit: int | None) -> dict[str, str]:
+    if variant == COMPUTE_ONLY:
+        return {"BYTEPS_SCHEDULER": "fifo"}
     env = {"BYTEPS_SCHEDULER": "bytescheduler" if variant.startswith("bytescheduler") else variant}
     if variant == "bytescheduler_tuned":
         if tuned_credit is None:
@@ -130,19 +135,17 @@ class ABRunner:
         self.warnings.append(message)
         self.log(message if message.startswith("warning") else f"warning: {message}")
 
-    def _env(self, cluster, variant: str) -> dict[str, str]:
+    def _env(self, variant: str) -> dict[str, str]:
+        # MASTER_ADDR/MASTER_PORT (worker 0's store, which gloo and the scheduled BytePS path use) come
+        # from the cluster, as for any script run on it.
         env = variant_env(variant, self.tuning and self.tuning.get("best_credit"))
-        if self.cfg.backend in ("gloo", "byteps"):
-            from byteps_prophet.cluster.local import free_port
-
-            env["MASTER_ADDR"] = cluster.host("worker-0").address
-            env["MASTER_PORT"] = str(GLOO_PORT if cluster.use_netns else free_port())
         env["BYTEPS_PROPHET_TIMEOUT"] = str(int(min(self.cfg.timeout, 600)))
         return env
 
     def _one(self, cluster, variant: str, tune: bool = False, tag: str = "") -> dict:
         cfg = self.cfg
-        schedule = list(cfg.bandwidth_schedule) if not tune else []
+        alone = variant == COMPUTE_ONLY  # no link to change for it
+        schedule = list(cfg.bandwidth_schedule) if not tune and not alone else []
         changes: list[tuple[float, str]] = []
         if schedule and cluster.use_netns:
             cluster.set_bandwidth(cfg.bandwidth)
@@ -162,10 +165,11 @@ class ABRunner:
                         cluster.set_bandwidth(rate)
                     changes.append((round(time.monotonic() - started, 3), rate))
 
-        command = bench_command(cfg, progress=bool(cfg.bandwidth_schedule) and not tune, tune=tune)
-        env = self._env(cluster, variant)
+        command = bench_command(cfg, progress=bool(schedule), tune=tune,
+                                backend="local" if alone else None)
+        env = self._env(variant)
         recorded = {}
-        if cfg.record and not tune and cfg.framework == "torch":
+        if cfg.record and not tune and not alone and cfg.framework == "torch":
             base = os.path.join(os.path.abspath(cfg.record), f"{variant}{tag}")
             recorded = {"profile": base + ".profile.json", "trace": base + ".trace.json"}
             env["BYTEPS_PROPHET_PROFILE"] = recorded["profile"]
@@ -177,6 +181,8 @@ class ABRunner:
         if not result.ok or data is None:
             tail = " | ".join(line for line in result.output.get(result.failed or "worker-0", [])[-3:])
             raise UserError(f"{variant} run failed: {result.reason}; last output: {tail[-400:]}")
+        if alone:  # worker 0 reports its own rate; the others trained alongside it at the same pace
+            data["samples_per_s"] *= cfg.workers
         data.update(variant=variant, elapsed_s=result.elapsed, bandwidth_changes=changes)
         if recorded:
             data["recorded"] = recorded
@@ -235,7 +241,38 @@ class ABRunner:
         cfg = asdict(self.cfg)
         cfg["variants"] = list(cfg["variants"])
         return {"config": cfg, "netns": getattr(self, "netns", None), "results": results, "speedups": speedups,
-                "tuning": self.tuning, "warnings": self.warnings, "runs": self.runs}
+                "limit": self.limit(results), "tuning": self.tuning, "warnings": self.warnings, "runs": self.runs}
+
+    def limit(self, results: dict) -> dict | None:
+        """The most samples/s any schedule could reach here: compute alone (the compute_only runs'
+        median) or the link's time for one step's bytes, whichever is slower (ALGORITHMS.md section 4).
+        The link part is left out under a bandwidth schedule or without shaping."""
+        cfg = self.cfg
+        limit: dict = {}
+        if COMPUTE_ONLY in results:
+            limit["compute_samples_per_s"] = results[COMPUTE_ONLY]["samples_per_s"]
+        model_bytes = next((run["param_bytes"] for run in self.runs if run.get("param_bytes")), None)
+        if model_bytes and not cfg.bandwidth_schedule and getattr(self, "netns", None):
+            from byteps_prophet.units import parse_bandwidth
+
+            limit["link_bytes_per_step"] = link_bytes_per_step(cfg, model_bytes)
+            step_s = limit["link_bytes_per_step"] * 8 / parse_bandwidth(cfg.bandwidth)
+            limit["link_samples_per_s"] = cfg.workers * cfg.batch / step_s
+        if not limit:
+            return None
+        limit["samples_per_s"] = min(v for k, v in limit.items() if k.endswith("samples_per_s"))
+        limit["share"] = {name: res["samples_per_s"] / limit["samples_per_s"]
+                          for name, res in results.items() if name != COMPUTE_ONLY}
+        return limit
+
+
+def link_bytes_per_step(cfg: ABConfig, model_bytes: int) -> float:
+    """Bytes the busiest link carries in each direction per step: a ring all-reduce moves
+    2(n-1)/n of the model over every worker's link; the one parameter server's link carries every
+    worker's push in and every pull out."""
+    if cfg.backend == "gloo":
+        return 2 * (cfg.workers - 1) / cfg.workers * model_bytes
+    return cfg.workers * model_bytes
 
 
 def format_table(summary: dict) -> str:
@@ -252,6 +289,16 @@ def format_table(summary: dict) -> str:
         t = summary["tuning"]
         lines.append(f"tuned credit: {t.get('best_credit')} elements ({len(t.get('probes', []))} probes, "
                      f"bounds {t.get('credit_bounds')})")
+    limit = summary.get("limit")
+    if limit:
+        parts = []
+        if "compute_samples_per_s" in limit:
+            parts.append(f"compute alone {limit['compute_samples_per_s']:.2f}")
+        if "link_samples_per_s" in limit:
+            parts.append(f"link {limit['link_samples_per_s']:.2f} ({limit['link_bytes_per_step'] / 1e6:.3g} MB per step "
+                         f"on the busiest link)")
+        share = ", ".join(f"{name} {value:.0%}" for name, value in limit["share"].items())
+        lines.append(f"limit: {limit['samples_per_s']:.2f} samples/s ({'; '.join(parts)}); reached: {share}")
     for key, s in summary["speedups"].items():
         lines.append(f"speedup {key:<34} median of per-round ratios {s['median']:.3f}x "
                      f"(min {s['min']:.3f}, max {s['max']:.3f})")
@@ -269,7 +316,13 @@ def plot(summary: dict, path: str) -> None:
     lo = [m - summary["results"][n]["min"] for n, m in zip(names, med)]
     hi = [summary["results"][n]["max"] - m for n, m in zip(names, med)]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(names, med, yerr=[lo, hi], capsize=6, color=["#888", "#59c", "#37a", "#d62"][: len(names)])
+    colors = {"fifo": "#888", "bytescheduler": "#59c", "bytescheduler_tuned": "#37a", "prophet": "#d62",
+              COMPUTE_ONLY: "#ccc"}
+    ax.bar(names, med, yerr=[lo, hi], capsize=6, color=[colors.get(n, "#888") for n in names])
+    limit = summary.get("limit")
+    if limit:
+        ax.axhline(limit["samples_per_s"], color="k", linestyle="--", linewidth=1)
+        ax.annotate("limit", (len(names) - 0.5, limit["samples_per_s"]), ha="right", va="bottom", fontsize=8)
     cfg = summary["config"]
     ax.set_ylabel("samples/s (median, min-max)")
     ax.set_title(f"{cfg['model']} {cfg['framework']}/{cfg['backend']} x{cfg['workers']} @ {cfg['bandwidth']}"

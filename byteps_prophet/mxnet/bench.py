@@ -34,7 +34,7 @@ import weakref
 
 from byteps_prophet.errors import UserError
 
-BACKENDS = ("kvstore", "byteps")
+BACKENDS = ("kvstore", "byteps", "local")
 
 
 MODELS = ("resnet18", "resnet50", "vgg", "vgg16", "transformer", "mlp")  # = models.MODELS, without importing mxnet
@@ -50,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="steps not measured (default 3)")
     parser.add_argument("--batch", type=int, default=8, help="per-worker batch size (default 8)")
     parser.add_argument("--backend", default="kvstore", choices=BACKENDS,
-                        help="kvstore: scheduled mx.kv dist_sync (default); byteps: scheduled byteps.mxnet")
+                        help="kvstore: scheduled mx.kv dist_sync (default); byteps: scheduled byteps.mxnet; "
+                             "local: this worker trains alone, no store (the A/B runner's compute_only limit)")
     parser.add_argument("--kvstore", default="dist_sync", help="MXNet kvstore type (default dist_sync)")
     parser.add_argument("--input-size", type=int, default=None,
                         help="image side / sequence length (default per model: resnet 64, vgg 32, vgg16 224, transformer 16)")
@@ -92,11 +93,13 @@ def run(args: argparse.Namespace) -> dict | None:
     if args.tune_credit is not None:
         if args.tune_credit < 1:
             raise UserError(f"--tune-credit {args.tune_credit} is invalid; valid: an integer >= 1 (steps per probe)")
+        if args.backend == "local":
+            raise UserError("--tune-credit needs a store to schedule; valid: --backend kvstore or byteps")
         if settings.scheduler != "bytescheduler":
             raise UserError(f"--tune-credit tunes ByteScheduler's credit but BYTEPS_SCHEDULER={settings.scheduler}; "
                             f"valid: BYTEPS_SCHEDULER=bytescheduler")
         probes = parse_probes(args.tune_probes or "6,3")
-    if "DMLC_ROLE" not in os.environ and args.kvstore.startswith("dist"):
+    if "DMLC_ROLE" not in os.environ and args.kvstore.startswith("dist") and args.backend != "local":
         raise UserError("no DMLC_ROLE: run under `byteps-prophet cluster run --engine mxnet` or "
                         "`python -m byteps_prophet.mxnet.launch`")
     import mxnet as mx
@@ -105,7 +108,9 @@ def run(args: argparse.Namespace) -> dict | None:
 
     from byteps_prophet.mxnet import models
 
-    if args.backend == "byteps":
+    if args.backend == "local":
+        kv = _Alone()
+    elif args.backend == "byteps":
         from byteps_prophet.mxnet.byteps_backend import create_byteps_kvstore
         kv = create_byteps_kvstore(settings)
     else:
@@ -124,10 +129,11 @@ def run(args: argparse.Namespace) -> dict | None:
     # No inference forward before training: with MXNet 1.9's oneDNN build it can leave the dist_sync
     # server aborting with "init K first" (seen with the unwrapped store too). Deferred shapes are
     # completed by the first training forward; the trainer initialises the store in its first step.
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr, "momentum": 0.9}, kvstore=kv)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": args.lr, "momentum": 0.9},
+                            kvstore=None if isinstance(kv, _Alone) else kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
-    if args.workers is not None and args.workers != kv.num_workers:
+    if args.workers is not None and args.workers != kv.num_workers and not isinstance(kv, _Alone):
         raise UserError(f"--workers {args.workers} but the job has {kv.num_workers} workers")
     # The reporting worker is the scheduling leader: the host with DMLC_WORKER_ID=0 (the cluster's
     # worker-0, where the A/B runner reads progress and the JSON line), not necessarily ps-lite rank 0.
@@ -192,6 +198,17 @@ def run(args: argparse.Namespace) -> dict | None:
     gc.collect()
     result["_finalized"] = real() is None
     return result
+
+
+class _Alone:
+    """``--backend local``: this worker trains by itself (no store, no communication); every worker
+    of the job does so at the same time, so their compute competes for the machine as in training."""
+
+    num_workers = 1
+
+    def __init__(self) -> None:
+        self.rank = int(os.environ.get("DMLC_WORKER_ID", "0"))
+        self.leader = self.rank == 0
 
 
 def tune(kv, one_step, sync, probe_steps: int, probes: tuple[int, int], settings, total_elements: int,

@@ -101,7 +101,8 @@ def run(args) -> int:
         one_step()
     opt.synchronize()
     out = {"rank": backend.rank, "world_size": backend.size, "scheduler": settings.scheduler,
-           "backend": backend.name, "model": args.model, "batch": args.batch}
+           "backend": backend.name, "model": args.model, "batch": args.batch,
+           "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)}
     if args.tune_credit:
         out.update(tune(opt, one_step, args, backend))
     else:

@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from byteps_prophet.ab.runner import ABConfig, ABRunner, bench_command, format_table, parse_result, plot, variant_env
+from byteps_prophet.ab.runner import (ABConfig, ABRunner, bench_command, format_table, link_bytes_per_step, parse_result,
+                                      plot, variant_env)
 from byteps_prophet.errors import UserError
 
 
@@ -67,7 +68,7 @@ def test_cli_variants_error_is_one_line_exit_2():
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "ab", "--variants", "fifo,nope"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "--variants" in proc.stderr and "bytescheduler_tuned" in proc.stderr
+    assert "--variants" in proc.stderr and "bytescheduler_tuned" in proc.stderr and "compute_only" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -90,8 +91,63 @@ def test_record_sets_profile_and_trace_paths(tmp_path):
             FakeCluster.seen = env
             return Result()
 
-    runner._env = lambda cluster, variant: {}
+    runner._env = lambda variant: {}
     data = runner._one(FakeCluster(), "prophet", tag="_r0")
     assert FakeCluster.seen["BYTEPS_PROPHET_PROFILE"] == str(tmp_path / "rec" / "prophet_r0.profile.json")
     assert FakeCluster.seen["BYTEPS_PROPHET_TRACE"] == str(tmp_path / "rec" / "prophet_r0.trace.json")
     assert data["recorded"]["trace"].endswith("prophet_r0.trace.json") and data["samples_per_s"] == 3.0
+
+
+def _summary_runner(cfg, rows, netns=True):
+    runner = ABRunner.__new__(ABRunner)
+    runner.cfg, runner.tuning, runner.warnings, runner.netns = cfg, None, [], netns
+    runner.runs = [dict(variant=v, round=r, samples_per_s=s, param_bytes=40_000_000)
+                   for r, row in enumerate(rows) for v, s in row.items()]
+    return runner
+
+
+def test_limit_is_the_slower_of_compute_alone_and_the_link(tmp_path):
+    # gloo, 2 workers: 2(n-1)/n x 40 MB = 40 MB per step on each link; at 1 Gbit/s 0.32 s -> 32 / 0.32 = 100/s
+    cfg = ABConfig(workers=2, batch=16, bandwidth="1gbit", rounds=2, variants=("fifo", "prophet", "compute_only"))
+    rows = [{"fifo": 60, "prophet": 66, "compute_only": 80}, {"fifo": 62, "prophet": 70, "compute_only": 84}]
+    limit = _summary_runner(cfg, rows).summary()["limit"]
+    assert limit["link_bytes_per_step"] == 40_000_000
+    assert limit["link_samples_per_s"] == pytest.approx(100)
+    assert limit["compute_samples_per_s"] == 82 and limit["samples_per_s"] == 82
+    assert limit["share"] == {"fifo": pytest.approx(61 / 82), "prophet": pytest.approx(68 / 82)}
+    # a slow link sets the limit instead: 200 Mbit/s -> 20/s
+    cfg.bandwidth = "200mbit"
+    summary = _summary_runner(cfg, rows).summary()
+    assert summary["limit"]["samples_per_s"] == pytest.approx(20)
+    assert "limit: 20.00 samples/s" in format_table(summary)
+    plot(summary, str(tmp_path / "limit.png"))
+    # nothing to say without compute_only runs and without shaping
+    assert _summary_runner(cfg, [{"fifo": 1}], netns=False).summary()["limit"] is None
+
+
+def test_link_bytes_per_step_by_backend():
+    assert link_bytes_per_step(ABConfig(backend="gloo", workers=4), 100) == 150  # ring: 2(n-1)/n
+    assert link_bytes_per_step(ABConfig(framework="mxnet", backend="kvstore", workers=3), 100) == 300  # one server
+
+
+def test_compute_only_runs_every_worker_alone_and_counts_them_all():
+    cfg = ABConfig(workers=3, tune=False, rounds=1, bandwidth_schedule=["200mbit"])
+    runner = ABRunner(cfg)
+
+    class Result:
+        ok, reason, elapsed, failed = True, "", 1.0, None
+        output = {"worker-0": [json.dumps({"samples_per_s": 5.0, "world_size": 1})]}
+
+    class FakeCluster:
+        use_netns = False
+        seen = {}
+
+        def run(self, command, env, timeout, output):
+            FakeCluster.seen = {"command": command, "env": env}
+            return Result()
+
+    data = runner._one(FakeCluster(), "compute_only", tag="_r0")
+    command = FakeCluster.seen["command"]
+    assert command[command.index("--backend") + 1] == "local" and "--progress" not in command
+    assert FakeCluster.seen["env"]["BYTEPS_SCHEDULER"] == "fifo" and "MASTER_ADDR" not in FakeCluster.seen["env"]
+    assert data["samples_per_s"] == 15.0

@@ -5,6 +5,7 @@ Fast tests: atom grids, settings errors, the engine gate. Slow tests start a rea
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -104,6 +105,18 @@ def test_bench_tuning_arguments_are_checked_in_one_line(env, args, needle):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_bench_local_trains_alone_without_a_cluster():
+    """--backend local (the A/B runner's compute_only limit): one JSON line, one worker's rate."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--backend", "local", "--model", "mlp",
+                           "--steps", "2", "--warmup", "1", "--batch", "4", "--workers", "2"],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["backend"] == "local" and out["workers"] == 1 and out["samples_per_s"] > 0
+    assert len(out["step_s"]) == 2 and out["param_bytes"] > 0
 
 
 def test_bench_help_documents_the_arguments():
