@@ -30,8 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", default=None, metavar="PNG")
     p.add_argument("--variants", default=",".join(("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")),
-                   help="comma-separated subset of fifo, bytescheduler, bytescheduler_tuned, prophet, compute_only "
-                        "(every worker trains alone, no communication: the compute limit; not run by default)")
+                   help="comma-separated subset of fifo, bytescheduler, bytescheduler_tuned, prophet; and the "
+                        "limit's references, not run by default: compute_only (every worker trains alone, no "
+                        "communication), comm_only (torch: only the gradients' synchronisation, no compute)")
     p.add_argument("--record", default=None, metavar="DIR",
                    help="write each run's profile (for `simulate --profile`) and rank-0 event trace into DIR")
     p.set_defaults(func=run)

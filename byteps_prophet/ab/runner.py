@@ -22,10 +22,12 @@ from pathlib import Path
 from byteps_prophet.errors import UserError
 
 VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
-# Not a schedule: every worker trains alone, no communication at all, all at once on the same machine.
-# Its throughput is the compute limit no schedule can pass (ALGORITHMS.md section 4); opt-in.
-COMPUTE_ONLY = "compute_only"
-CHOICES = VARIANTS + (COMPUTE_ONLY,)
+# Not schedules, opt-in references for the limit no schedule can pass (ALGORITHMS.md section 4):
+# every worker trains alone with no communication at all, all at once on the same machine; or every
+# worker only synchronises the model's gradients, with no compute (torch only).
+COMPUTE_ONLY, COMM_ONLY = "compute_only", "comm_only"
+CHOICES = VARIANTS + (COMPUTE_ONLY, COMM_ONLY)
+REFERENCES = (COMPUTE_ONLY, COMM_ONLY)
 BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
 GLOO_COMPOSE = Path(__file__).with_name("gloo-compose.yml")
 
@@ -70,10 +72,13 @@ class ABConfig:
 
         for rate in [self.bandwidth, *self.bandwidth_schedule]:
             parse_bandwidth(rate)  # raises a one-line error naming the value
+        if COMM_ONLY in self.variants and self.framework != "torch":
+            raise UserError(f"--variants {COMM_ONLY} is torch only; valid for --framework {self.framework}: "
+                            f"{', '.join(v for v in CHOICES if v != COMM_ONLY)}")
 
 
-def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, backend: str | None = None) -> list[str]:
-    backend = backend or cfg.backend
+def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, variant: str = "") -> list[str]:
+    backend = "local" if variant == COMPUTE_ONLY else cfg.backend
     argv = [sys.executable, "-m", f"byteps_prophet.{cfg.framework}.bench", "--model", cfg.model,
             "--batch", str(cfg.batch), "--steps", str(cfg.steps), "--warmup", str(cfg.warmup),
             "--backend", backend, "--workers", str(cfg.workers)]
@@ -83,11 +88,13 @@ def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, 
         argv.append("--progress")
     if tune:
         argv += ["--tune-credit", str(cfg.tune_probe_steps), "--tune-probes", cfg.tune_probes]
+    if variant == COMM_ONLY:
+        argv.append("--comm-only")
     return argv
 
 
 def variant_env(variant: str, tuned_credit: int | None) -> dict[str, str]:
-    if variant == COMPUTE_ONLY:
+    if variant in REFERENCES:
         return {"BYTEPS_SCHEDULER": "fifo"}
     env = {"BYTEPS_SCHEDULER": "bytescheduler" if variant.startswith("bytescheduler") else variant}
     if variant == "bytescheduler_tuned":
@@ -144,8 +151,8 @@ class ABRunner:
 
     def _one(self, cluster, variant: str, tune: bool = False, tag: str = "") -> dict:
         cfg = self.cfg
-        alone = variant == COMPUTE_ONLY  # no link to change for it
-        schedule = list(cfg.bandwidth_schedule) if not tune and not alone else []
+        reference = variant in REFERENCES  # a limit, measured at the starting bandwidth
+        schedule = list(cfg.bandwidth_schedule) if not tune and not reference else []
         changes: list[tuple[float, str]] = []
         if schedule and cluster.use_netns:
             cluster.set_bandwidth(cfg.bandwidth)
@@ -165,11 +172,10 @@ class ABRunner:
                         cluster.set_bandwidth(rate)
                     changes.append((round(time.monotonic() - started, 3), rate))
 
-        command = bench_command(cfg, progress=bool(schedule), tune=tune,
-                                backend="local" if alone else None)
+        command = bench_command(cfg, progress=bool(schedule), tune=tune, variant=variant)
         env = self._env(variant)
         recorded = {}
-        if cfg.record and not tune and not alone and cfg.framework == "torch":
+        if cfg.record and not tune and not reference and cfg.framework == "torch":
             base = os.path.join(os.path.abspath(cfg.record), f"{variant}{tag}")
             recorded = {"profile": base + ".profile.json", "trace": base + ".trace.json"}
             env["BYTEPS_PROPHET_PROFILE"] = recorded["profile"]
@@ -181,7 +187,7 @@ class ABRunner:
         if not result.ok or data is None:
             tail = " | ".join(line for line in result.output.get(result.failed or "worker-0", [])[-3:])
             raise UserError(f"{variant} run failed: {result.reason}; last output: {tail[-400:]}")
-        if alone:  # worker 0 reports its own rate; the others trained alongside it at the same pace
+        if variant == COMPUTE_ONLY:  # worker 0 reports its own rate; the others trained alongside it
             data["samples_per_s"] *= cfg.workers
         data.update(variant=variant, elapsed_s=result.elapsed, bandwidth_changes=changes)
         if recorded:
@@ -244,13 +250,15 @@ class ABRunner:
                 "limit": self.limit(results), "tuning": self.tuning, "warnings": self.warnings, "runs": self.runs}
 
     def limit(self, results: dict) -> dict | None:
-        """The most samples/s any schedule could reach here: compute alone (the compute_only runs'
-        median) or the link's time for one step's bytes, whichever is slower (ALGORITHMS.md section 4).
-        The link part is left out under a bandwidth schedule or without shaping."""
+        """The most samples/s any schedule could reach here (ALGORITHMS.md section 4): the slowest of
+        compute alone and communication alone (the compute_only and comm_only runs' medians) and the
+        link's nominal time for one step's bytes (no protocol overhead: an optimistic bound, left out
+        under a bandwidth schedule or without shaping)."""
         cfg = self.cfg
         limit: dict = {}
-        if COMPUTE_ONLY in results:
-            limit["compute_samples_per_s"] = results[COMPUTE_ONLY]["samples_per_s"]
+        for name in REFERENCES:
+            if name in results:
+                limit[name.replace("_only", "") + "_samples_per_s"] = results[name]["samples_per_s"]
         model_bytes = next((run["param_bytes"] for run in self.runs if run.get("param_bytes")), None)
         if model_bytes and not cfg.bandwidth_schedule and getattr(self, "netns", None):
             from byteps_prophet.units import parse_bandwidth
@@ -262,7 +270,7 @@ class ABRunner:
             return None
         limit["samples_per_s"] = min(v for k, v in limit.items() if k.endswith("samples_per_s"))
         limit["share"] = {name: res["samples_per_s"] / limit["samples_per_s"]
-                          for name, res in results.items() if name != COMPUTE_ONLY}
+                          for name, res in results.items() if name not in REFERENCES}
         return limit
 
 
@@ -294,6 +302,8 @@ def format_table(summary: dict) -> str:
         parts = []
         if "compute_samples_per_s" in limit:
             parts.append(f"compute alone {limit['compute_samples_per_s']:.2f}")
+        if "comm_samples_per_s" in limit:
+            parts.append(f"communication alone {limit['comm_samples_per_s']:.2f}")
         if "link_samples_per_s" in limit:
             parts.append(f"link {limit['link_samples_per_s']:.2f} ({limit['link_bytes_per_step'] / 1e6:.3g} MB per step "
                          f"on the busiest link)")
@@ -317,7 +327,7 @@ def plot(summary: dict, path: str) -> None:
     hi = [summary["results"][n]["max"] - m for n, m in zip(names, med)]
     fig, ax = plt.subplots(figsize=(7, 4))
     colors = {"fifo": "#888", "bytescheduler": "#59c", "bytescheduler_tuned": "#37a", "prophet": "#d62",
-              COMPUTE_ONLY: "#ccc"}
+              COMPUTE_ONLY: "#ccc", COMM_ONLY: "#ccc"}
     ax.bar(names, med, yerr=[lo, hi], capsize=6, color=[colors.get(n, "#888") for n in names])
     limit = summary.get("limit")
     if limit:

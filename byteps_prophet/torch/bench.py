@@ -2,7 +2,7 @@
 
     python -m byteps_prophet.torch.bench --model vgg --batch 16 --steps 20 [--warmup 5]
         [--backend gloo|byteps|local] [--threads 1] [--width 1.0] [--lr 0.01]
-        [--profile PATH] [--progress] [--tune-credit PROBE_STEPS] [--dump PATH]
+        [--profile PATH] [--progress] [--tune-credit PROBE_STEPS] [--dump PATH] [--comm-only]
 
 Scheduler and knobs come from the environment (``BYTEPS_SCHEDULER``, ``BYTESCHEDULER_*``,
 ``PROPHET_*``); rank and world size from ``RANK``/``WORLD_SIZE`` or ``DMLC_WORKER_ID``/
@@ -16,7 +16,9 @@ Scheduler and knobs come from the environment (``BYTEPS_SCHEDULER``, ``BYTESCHED
 ``#progress STEP`` goes to stdout after each timed step (the A/B runner changes bandwidth on it).
 With ``--tune-credit P`` the run instead tunes ByteScheduler's credit on rank 0 with
 ``CreditTuner`` (each probe: P steps at one credit, first step discarded) and the JSON line carries
-``best_credit`` and ``probes``. Invalid settings exit 2 with one line on stderr.
+``best_credit`` and ``probes``. With ``--comm-only`` a step is only the synchronisation of every
+gradient (model-shaped buffers, all issued at once in backward order, then waited for): no compute,
+no scheduler; the A/B runner's ``comm_only`` limit. Invalid settings exit 2 with one line on stderr.
 """
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--tune-probes", default="6,3", help="random,guided probes for --tune-credit")
     p.add_argument("--dump", default=None, help="torch.save the final parameters (rank 0) here")
     p.add_argument("--workers", type=int, default=None, help="accepted for symmetry with the runner")
+    p.add_argument("--comm-only", action="store_true",
+                   help="time only the synchronisation of the model's gradients (no compute, no scheduler)")
     return p.parse_args(argv)
 
 
@@ -82,6 +86,15 @@ def run(args) -> int:
 
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
         bps.push_pull(torch.zeros(1), name="bpp.bench.barrier")  # every worker is up before timing
+    if args.comm_only:
+        out = comm_only(model, backend, args)
+        print(json.dumps(out), flush=True)
+        backend.close()
+        if backend.name == "byteps":
+            import byteps.torch as bps
+
+            bps.shutdown()
+        return 0
     x, y, loss_fn = synthetic_batch(args.model, model, args.batch, seed=1000 + backend.rank)
     make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=args.lr, momentum=0.9),
             "adam": lambda ps: torch.optim.Adam(ps, lr=args.lr),
@@ -130,6 +143,33 @@ def run(args) -> int:
 
         bps.shutdown()  # leave ps-lite together with the others, before interpreter teardown
     return 0
+
+
+def comm_only(model, backend, args) -> dict:
+    """Steps that only synchronise: every gradient-shaped buffer issued at once in backward order,
+    then waited for, as FIFO does with no compute to wait on. The time of the link and the engine alone."""
+    import torch
+
+    from byteps_prophet.backends import Op
+
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad][::-1]
+    buffers = [(name, torch.ones_like(p).reshape(p.shape[0] if p.dim() else 1, -1)) for name, p in params]
+
+    def one_step(iteration: int) -> None:
+        handles = [backend.issue(Op(name, iteration, 0, buf.shape[0], tensor=buf)) for name, buf in buffers]
+        for handle in handles:
+            backend.wait(handle)
+
+    for it in range(args.warmup):
+        one_step(it)
+    start = time.monotonic()
+    for step in range(args.steps):
+        one_step(args.warmup + step)
+    elapsed = time.monotonic() - start
+    return {"rank": backend.rank, "world_size": backend.size, "backend": backend.name, "model": args.model,
+            "batch": args.batch, "steps": args.steps, "comm_only": True, "iter_s": elapsed / args.steps,
+            "samples_per_s": backend.size * args.batch * args.steps / elapsed,
+            "param_bytes": sum(buf.numel() * buf.element_size() for _, buf in buffers)}
 
 
 def tune(opt, one_step, args, backend) -> dict:

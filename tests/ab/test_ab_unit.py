@@ -125,6 +125,22 @@ def test_limit_is_the_slower_of_compute_alone_and_the_link(tmp_path):
     assert _summary_runner(cfg, [{"fifo": 1}], netns=False).summary()["limit"] is None
 
 
+def test_limit_takes_communication_alone_when_measured():
+    cfg = ABConfig(workers=2, batch=16, bandwidth="1gbit", rounds=1, variants=("prophet", "compute_only", "comm_only"))
+    limit = _summary_runner(cfg, [{"prophet": 60, "compute_only": 90, "comm_only": 75}]).summary()["limit"]
+    assert limit["comm_samples_per_s"] == 75 and limit["samples_per_s"] == 75
+    assert limit["share"] == {"prophet": pytest.approx(0.8)}
+
+
+def test_comm_only_is_torch_only_and_runs_the_real_backend_without_compute():
+    with pytest.raises(UserError, match="comm_only is torch only") as err:
+        ABConfig(framework="mxnet", backend="kvstore", variants=("fifo", "comm_only")).validate()
+    assert "compute_only" in str(err.value)
+    argv = bench_command(ABConfig(backend="byteps"), variant="comm_only")
+    assert "--comm-only" in argv and argv[argv.index("--backend") + 1] == "byteps"
+    assert variant_env("comm_only", None) == {"BYTEPS_SCHEDULER": "fifo"}
+
+
 def test_link_bytes_per_step_by_backend():
     assert link_bytes_per_step(ABConfig(backend="gloo", workers=4), 100) == 150  # ring: 2(n-1)/n
     assert link_bytes_per_step(ABConfig(framework="mxnet", backend="kvstore", workers=3), 100) == 300  # one server

@@ -86,3 +86,20 @@ def test_dead_worker_ends_the_run_named(tmp_path):
     assert not result.ok
     assert result.returncode != 124, "the run hung until the timeout"
     assert "worker-1" in result.reason and "SIGKILL" in result.reason, result.reason
+
+
+def test_bench_comm_only_synchronises_the_model_without_compute():
+    """The A/B runner's comm_only reference: real all-reduces of the model's gradient shapes, one JSON line."""
+    import json
+
+    from byteps_prophet.torch.models import build as build_bench_model
+
+    argv = [sys.executable, "-m", "byteps_prophet.torch.bench", "--model", "mlp", "--comm-only", "--steps", "3",
+            "--warmup", "1", "--batch", "4", "--backend", "gloo"]
+    result = run_workers(argv, 2, env={"BYTEPS_PROPHET_TIMEOUT": "60"}, timeout=120)
+    assert result.ok, result.reason
+    line = [x for x in result.output["worker-0"] if x.startswith("{")][-1]
+    out = json.loads(line)
+    model_bytes = sum(p.numel() * 4 for p in build_bench_model("mlp").parameters())
+    assert out["comm_only"] and out["world_size"] == 2 and out["param_bytes"] == model_bytes
+    assert out["samples_per_s"] > 0 and out["iter_s"] > 0
