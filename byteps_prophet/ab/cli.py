@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("--variants", default=",".join(("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")),
                    help="comma-separated subset of fifo, bytescheduler, bytescheduler_tuned, prophet; and the "
                         "limit's references, not run by default: compute_only (every worker trains alone, no "
-                        "communication), comm_only (torch: only the gradients' synchronisation, no compute)")
+                        "communication), comm_only (only the gradients' synchronisation, no compute; not for mxnet/byteps)")
     p.add_argument("--record", default=None, metavar="DIR",
                    help="write each run's profile (for `simulate --profile`) and rank-0 event trace into DIR")
     p.set_defaults(func=run)

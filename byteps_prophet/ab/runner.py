@@ -24,7 +24,7 @@ from byteps_prophet.errors import UserError
 VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
 # Not schedules, opt-in references for the limit no schedule can pass (ALGORITHMS.md section 4):
 # every worker trains alone with no communication at all, all at once on the same machine; or every
-# worker only synchronises the model's gradients, with no compute (torch only).
+# worker only synchronises the model's gradients, with no compute (not for BytePS-MXNet).
 COMPUTE_ONLY, COMM_ONLY = "compute_only", "comm_only"
 CHOICES = VARIANTS + (COMPUTE_ONLY, COMM_ONLY)
 REFERENCES = (COMPUTE_ONLY, COMM_ONLY)
@@ -72,8 +72,8 @@ class ABConfig:
 
         for rate in [self.bandwidth, *self.bandwidth_schedule]:
             parse_bandwidth(rate)  # raises a one-line error naming the value
-        if COMM_ONLY in self.variants and self.framework != "torch":
-            raise UserError(f"--variants {COMM_ONLY} is torch only; valid for --framework {self.framework}: "
+        if COMM_ONLY in self.variants and self.framework == "mxnet" and self.backend != "kvstore":
+            raise UserError(f"--variants {COMM_ONLY} needs --backend kvstore with --framework mxnet; valid here: "
                             f"{', '.join(v for v in CHOICES if v != COMM_ONLY)}")
 
 

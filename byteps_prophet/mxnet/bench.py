@@ -61,6 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="expected number of workers (checked against DMLC_NUM_WORKER's job)")
     parser.add_argument("--progress", action="store_true",
                         help="print '#progress STEP' on stdout after each timed step (worker 0)")
+    parser.add_argument("--comm-only", action="store_true",
+                        help="time only the synchronisation of the model's gradients over the unwrapped store "
+                             "(push then pull of every gradient-shaped buffer, no compute, no scheduler; kvstore)")
     parser.add_argument("--tune-credit", type=int, default=None, metavar="PROBE_STEPS",
                         help="tune ByteScheduler's credit instead of timing (needs BYTEPS_SCHEDULER=bytescheduler): "
                              "each probe runs PROBE_STEPS scored steps; the JSON line carries best_credit and probes")
@@ -108,6 +111,10 @@ def run(args: argparse.Namespace) -> dict | None:
 
     from byteps_prophet.mxnet import models
 
+    if args.comm_only:
+        if args.backend != "kvstore":
+            raise UserError(f"--comm-only with --backend {args.backend}; valid: --backend kvstore")
+        return comm_only(args, mx.kv.create(args.kvstore))
     if args.backend == "local":
         kv = _Alone()
     elif args.backend == "byteps":
@@ -195,6 +202,50 @@ def run(args: argparse.Namespace) -> dict | None:
     # keep a finished worker alive (seen once: a worker still running 20 s after the job ended).
     real = weakref.ref(getattr(kv, "_real", kv))
     del kv, trainer, one_step, sync, net, params
+    gc.collect()
+    result["_finalized"] = real() is None
+    return result
+
+
+def comm_only(args, kv) -> dict:
+    """Steps that only synchronise: every gradient-shaped buffer pushed in backward order, every
+    parameter pulled, then wait: the store's and the link's time alone (the A/B runner's comm_only)."""
+    import mxnet as mx
+
+    from byteps_prophet.mxnet import models
+
+    mx.random.seed(1)
+    net = models.build(args.model)
+    net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
+    net(mx.nd.zeros(models.input_shape(args.model, args.batch, args.input_size)))  # complete deferred shapes
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    grads = [mx.nd.ones(p.shape) for p in params]
+    outs = [mx.nd.zeros(p.shape) for p in params]
+    keys = list(range(len(params)))
+    kv.init(keys, outs)
+    mx.nd.waitall()
+    leader = int(os.environ.get("DMLC_WORKER_ID", kv.rank)) == 0
+
+    def one_step() -> None:
+        for key in reversed(keys):
+            kv.push(key, grads[key], priority=-key)
+        for key in reversed(keys):
+            kv.pull(key, out=outs[key], priority=-key)
+        mx.nd.waitall()
+
+    for _ in range(args.warmup):
+        one_step()
+    start = time.monotonic()
+    for _ in range(args.steps):
+        one_step()
+    elapsed = time.monotonic() - start
+    result = {"framework": "mxnet", "backend": args.backend, "model": args.model, "batch": args.batch,
+              "workers": kv.num_workers, "rank": kv.rank, "leader": leader, "steps": args.steps, "comm_only": True,
+              "tensors": len(params), "param_bytes": int(sum(g.size * 4 for g in grads)),
+              "samples_per_s": args.batch * kv.num_workers * args.steps / elapsed,
+              "step_s_median": elapsed / args.steps}
+    real = weakref.ref(kv)
+    del kv, grads, outs, net, params
     gc.collect()
     result["_finalized"] = real() is None
     return result

@@ -132,10 +132,11 @@ def test_limit_takes_communication_alone_when_measured():
     assert limit["share"] == {"prophet": pytest.approx(0.8)}
 
 
-def test_comm_only_is_torch_only_and_runs_the_real_backend_without_compute():
-    with pytest.raises(UserError, match="comm_only is torch only") as err:
-        ABConfig(framework="mxnet", backend="kvstore", variants=("fifo", "comm_only")).validate()
+def test_comm_only_runs_the_real_backend_without_compute():
+    with pytest.raises(UserError, match="comm_only needs --backend kvstore") as err:
+        ABConfig(framework="mxnet", backend="byteps", variants=("fifo", "comm_only")).validate()
     assert "compute_only" in str(err.value)
+    ABConfig(framework="mxnet", backend="kvstore", variants=("fifo", "comm_only")).validate()
     argv = bench_command(ABConfig(backend="byteps"), variant="comm_only")
     assert "--comm-only" in argv and argv[argv.index("--backend") + 1] == "byteps"
     assert variant_env("comm_only", None) == {"BYTEPS_SCHEDULER": "fifo"}

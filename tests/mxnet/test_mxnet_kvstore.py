@@ -244,3 +244,16 @@ def test_bench_prints_one_json_line(tmp_path):
     data = json.loads(lines[0])
     assert data["scheduler"] == "prophet" and data["framework"] == "mxnet" and len(data["step_s"]) == 3
     assert data["samples_per_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_comm_only_synchronises_over_the_real_store():
+    """The A/B runner's comm_only reference: push/pull of the model's gradient shapes through dist_sync."""
+    result = run_local([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--model", "mlp", "--comm-only",
+                        "--steps", "3", "--warmup", "1", "--batch", "4"], workers=2, timeout=240)
+    assert result.ok, result.reason
+    lines = [l for lines in result.output.values() for l in lines if l.startswith("{")]
+    assert len(lines) == 1 and lines[0] in result.output["worker-0"]
+    data = json.loads(lines[0])
+    assert data["comm_only"] and data["workers"] == 2 and data["param_bytes"] > 0 and data["samples_per_s"] > 0
