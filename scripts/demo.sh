@@ -3,8 +3,9 @@
 #   1. a REAL A/B on the local cluster: 2 PyTorch workers in network namespaces over tc-shaped
 #      1 Gbit/s links (where Prophet measured fastest on an idle machine, docs/AB.md), VGG-style
 #      model, gloo all-reduce; FIFO, ByteScheduler (default and tuned credit) and Prophet in
-#      interleaved rounds, and every worker training alone (compute_only: the compute limit, so the
-#      table says how close each schedule came to the best possible); table on stdout, plot
+#      interleaved rounds, with the two references of the limit no schedule can pass (every worker
+#      computing alone, compute_only; only synchronising, comm_only), so the table says how close each
+#      schedule came to the best possible; table on stdout, plot
 #      out/demo_ab.png, progress on stderr. About 3 minutes on an idle 2-core machine; numbers from a
 #      busy machine say little (docs/AB.md).
 #   2. the simulated comparison (seconds): the same scheduler classes on ResNet-50, 2 workers, ring
@@ -28,7 +29,7 @@ if [[ $REAL == 1 ]]; then
     echo "==> real A/B: vgg, torch/gloo, 2 workers, 1gbit (progress on stderr)"
     .venv/bin/byteps-prophet ab --framework torch --backend gloo --model vgg --workers 2 --bandwidth 1gbit \
       --steps 6 --warmup 2 --rounds 2 --tune-steps 2 --tune-probes 3,1 --plot out/demo_ab.png \
-      --variants fifo,bytescheduler,bytescheduler_tuned,prophet,compute_only
+      --variants fifo,bytescheduler,bytescheduler_tuned,prophet,compute_only,comm_only
   else
     echo "==> real A/B skipped: needs root for network namespaces and tc (shaped links); simulation only"
   fi
