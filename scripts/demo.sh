@@ -3,7 +3,7 @@
 #   1. a REAL A/B on the local cluster: 2 PyTorch workers in network namespaces over tc-shaped
 #      1 Gbit/s links (where Prophet measured fastest on an idle machine, docs/AB.md), VGG-style
 #      model, gloo all-reduce; FIFO, ByteScheduler (default and tuned credit) and Prophet in
-#      interleaved rounds, with the two references of the limit no schedule can pass (every worker
+#      interleaved rounds, with the two references of the best possible step (every worker
 #      computing alone, compute_only; only synchronising, comm_only), so the table says how close each
 #      schedule came to the best possible; table on stdout, plot
 #      out/demo_ab.png, progress on stderr. About 3 minutes on an idle 2-core machine; numbers from a

@@ -22,9 +22,11 @@ from pathlib import Path
 from byteps_prophet.errors import UserError
 
 VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
-# Not schedules, opt-in references for the limit no schedule can pass (ALGORITHMS.md section 4):
-# every worker trains alone with no communication at all, all at once on the same machine; or every
-# worker only synchronises the model's gradients, with no compute (not for BytePS-MXNet).
+# Not schedules, opt-in references for the best step possible (ALGORITHMS.md section 4): every worker
+# trains alone with no communication at all, all at once on the same machine; or every worker only
+# synchronises the model's gradients as the engine does unscheduled, with no compute (not for
+# BytePS-MXNet). A parameter-server schedule that cuts tensors so push and pull overlap can beat the
+# second (measured on the KVStore, docs/AB.md section 7); compute alone and the nominal link it cannot.
 COMPUTE_ONLY, COMM_ONLY = "compute_only", "comm_only"
 CHOICES = VARIANTS + (COMPUTE_ONLY, COMM_ONLY)
 REFERENCES = (COMPUTE_ONLY, COMM_ONLY)
@@ -250,10 +252,12 @@ class ABRunner:
                 "limit": self.limit(results), "tuning": self.tuning, "warnings": self.warnings, "runs": self.runs}
 
     def limit(self, results: dict) -> dict | None:
-        """The most samples/s any schedule could reach here (ALGORITHMS.md section 4): the slowest of
+        """The most samples/s a schedule can expect here (ALGORITHMS.md section 4): the slowest of
         compute alone and communication alone (the compute_only and comm_only runs' medians) and the
-        link's nominal time for one step's bytes (no protocol overhead: an optimistic bound, left out
-        under a bandwidth schedule or without shaping)."""
+        link's nominal time for one step's bytes (no protocol overhead: optimistic; left out under a
+        bandwidth schedule or without shaping). Compute alone and the nominal link bound every
+        schedule; communication alone is the engine's own unscheduled synchronisation, which a
+        parameter-server schedule that overlaps push and pull can pass (share above 100%)."""
         cfg = self.cfg
         limit: dict = {}
         for name in REFERENCES:
