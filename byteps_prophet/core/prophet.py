@@ -37,6 +37,13 @@ Two modes:
            service adds up to less than the latency (the small gradients after the end of backward)
            are therefore all in flight together, as under a credit, instead of one per completion,
            each paying the latency on an idle link.
+           End of backward on a one-stage link (all-reduce): nothing more urgent can arrive this
+           iteration and the link serves pieces in the order sent, so a hold can only add start-up
+           latency; everything pending goes at once, most urgent first. This matters where the
+           link's rate is misread: in a compute-bound step an all-reduce completes at the slower
+           rank's compute pace, rank 0's monitor reads that pace as the rate, and the hold issued
+           the last 30-40 pieces one completion at a time (0.65-0.8 s after the end of backward
+           where FIFO needed 0.01-0.2 s; docs/AB.md section 7).
 """
 from __future__ import annotations
 
@@ -83,6 +90,7 @@ class Prophet(ByteScheduler):
         self._pace = 1.0  # observed / predicted progress through this iteration's backward pass
         self._next_block = 0  # first block not completely collected
         self._in_last_block = False
+        self._backward_done = False  # end_of_backward seen for the current iteration
         self._releases: deque[int] = deque()  # collected blocks whose budget is still to be granted
         # The link model: when each of its stages frees, when each piece sent finishes (FIFO), and
         # how far reality runs behind that model, re-anchored at every completion.
@@ -114,6 +122,7 @@ class Prophet(ByteScheduler):
     def _on_end_of_backward(self, iteration: int) -> None:
         if iteration != self._iteration:
             return
+        self._backward_done = True
         self.profiler.close()
         if self._plan is not None:
             self._collect_blocks(until=len(self._plan.blocks))
@@ -145,6 +154,7 @@ class Prophet(ByteScheduler):
         self._drain_chunk = None
         self._next_block = 0
         self._in_last_block = False
+        self._backward_done = False
         self._releases.clear()
 
     def _follow_arrival(self, index: int, now: float) -> None:
@@ -209,12 +219,13 @@ class Prophet(ByteScheduler):
         # A piece reaches the link ``latency`` after it is sent (the engine's start-up, which ops
         # already in flight overlap; 0 unless the monitor measures one, as in the simulator).
         latency = self.bandwidth.latency
+        hold = not (self._backward_done and self._serializations == 1)
         bandwidth = None  # read on the first send: most calls find the link busy and send nothing
         while queue:
             start = stage_free[0] + lag  # when the first stage of the link can take it
             if start < now + latency:
                 start = now + latency
-            if self.in_flight_count:
+            if hold and self.in_flight_count:
                 # The next completion or predicted arrival: the next chance to decide. While the link
                 # stays busy past the time a piece sent then would reach it, that event gives another
                 # chance, so nothing is sent now.

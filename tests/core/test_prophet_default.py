@@ -66,14 +66,16 @@ def test_falls_back_to_credit_without_a_profile():
     assert scheduler._plan is None
 
 
-def run_iterations(scheduler, loop, arrivals, iterations, period):
-    """Post gradients at fixed offsets (index, offset s, shape) every ``period`` seconds."""
+def run_iterations(scheduler, loop, arrivals, iterations, period, signal_end=True):
+    """Post gradients at fixed offsets (index, offset s, shape) every ``period`` seconds; with
+    ``signal_end`` call ``end_of_backward`` at the last one, as the plugins do."""
     for it in range(iterations):
         t0 = it * period
         for index, offset, shape in arrivals:
             loop.at(t0 + offset, scheduler.post, Task(f"g{index}", index, shape, iteration=it))
         last = max(offset for _, offset, _ in arrivals)
-        loop.at(t0 + last, scheduler.end_of_backward, it)
+        if signal_end:
+            loop.at(t0 + last, scheduler.end_of_backward, it)
     loop.run_until()
 
 
@@ -166,12 +168,14 @@ class LatencyLink:
         self.scheduler.finished(task)
 
 
-def run_on_latency_link(told, latency=0.005):
+def run_on_latency_link(told, latency=0.005, signal_end=False, stages=1):
     """A 20 MB gradient at 0, five 64 KB ones at the end of backward (10.0-10.4 ms), on a link where
     every op pays ``latency``; the monitor reports ``told``. Returns (last iteration's sends, its
-    gradients' finish times, the link), times relative to the iteration's start."""
+    gradients' finish times, the link), times relative to the iteration's start. Without
+    ``signal_end`` the scheduler is not told that backward ended: only the hold decides."""
     loop = Loop()
     link = LatencyLink(loop, latency)
+    link.serializations = stages
     scheduler = Prophet(Settings(scheduler="prophet", partition=10**9), loop.clock, link)
     link.scheduler = scheduler
     scheduler.bandwidth.latency = told
@@ -179,7 +183,7 @@ def run_on_latency_link(told, latency=0.005):
     scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
     arrivals = [(5, 0.0, (5000, 1000))] + [(i, 0.010 + 1e-4 * (4 - i), (16, 1000)) for i in range(5)]
     period = 0.1
-    run_iterations(scheduler, loop, arrivals, iterations=6, period=period)
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=period, signal_end=signal_end)
     assert scheduler._plan is not None  # the default mode decided the last iteration
     t0 = 5 * period
     sends = [(t - t0, task) for t, task in link.sent if task.iteration == 5]
@@ -199,6 +203,22 @@ def test_latency_reported_small_pieces_go_in_flight_together():
     _, unaware, _ = run_on_latency_link(told=0.0)
     assert max(finishes.values()) < max(unaware.values()) - 0.008  # the iteration ends >= 8 ms sooner
     assert finishes[0] <= unaware[0]
+
+
+def test_end_of_backward_sends_everything_pending_on_a_one_stage_link():
+    """After end_of_backward nothing more urgent can arrive and an all-reduce serves pieces in the
+    order sent: no hold, even with the latency unknown (0), everything pending goes in flight at once,
+    most urgent first. On a two-stage link (push, pull) the hold still paces the drain."""
+    sends, finishes, link = run_on_latency_link(told=0.0, signal_end=True)
+    _, held, _ = run_on_latency_link(told=0.0, signal_end=False)
+    end = 0.0104
+    after = [(t, task) for t, task in sends if t >= end - 1e-9]
+    assert len(after) >= 5 and all(t == pytest.approx(end) for t, _ in after)
+    assert [task.index for _, task in after] == sorted(task.index for _, task in after)  # most urgent first
+    assert link.max_in_flight[5] >= 6
+    assert max(finishes.values()) < max(held.values()) - 0.008 and finishes[0] <= held[0]
+    _, _, two_stage = run_on_latency_link(told=0.0, signal_end=True, stages=2)
+    assert two_stage.max_in_flight[5] < link.max_in_flight[5]
 
 
 def test_latency_zero_keeps_one_piece_queued_behind_the_link():
