@@ -219,9 +219,9 @@ def test_byteps_cluster_push_pull_gives_the_exact_sum(leftovers, framework):
     assert elapsed < 90  # hang guard, see above
 
 
-def _cli(*args: str) -> subprocess.Popen:
+def _cli(*args: str, **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "byteps_prophet", "cluster", "run", *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
 def test_a_killed_worker_ends_the_run_naming_it(leftovers):
@@ -263,7 +263,10 @@ def test_timeout_stops_everything(leftovers):
 
 
 def test_ctrl_c_tears_everything_down(leftovers):
-    proc = _cli("--engine", "mxnet", "--", "sleep", "60")
+    # As from a terminal: a suite started in the background (`cmd &` in a script, nohup) inherits
+    # SIGINT ignored, and Python then never turns it into KeyboardInterrupt.
+    proc = _cli("--engine", "mxnet", "--", "sleep", "60",
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     leftovers.owners.add(proc.pid)
     deadline = time.monotonic() + 20
     seen = ""
@@ -272,18 +275,14 @@ def test_ctrl_c_tears_everything_down(leftovers):
     assert "hosts up" in seen, seen
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    # Bounded, not instant: an idle machine takes 0.2 s, but the tear-down's own worst case (2 s
-    # SIGTERM grace, then up to 5 s per role to reap and 2 s per output reader) is about 30 s, and a
-    # CI machine loaded by the suite once took more than 15 s.
-    stopped = time.monotonic()
     try:
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=15)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        raise AssertionError("the cluster was still up 60 s after Ctrl-C") from None
+        raise AssertionError("the cluster was still up 15 s after Ctrl-C") from None
     assert proc.returncode == 130, err
-    assert "interrupted" in err, f"{err} ({time.monotonic() - stopped:.1f} s after Ctrl-C)"
+    assert "interrupted" in err
 
 
 def test_docker_entrypoint_shapes_both_directions_and_runs_the_command(leftovers):
