@@ -280,3 +280,69 @@ def test_cpu_only_mode_is_automatic_without_gpu(tmp_path):
     text = out.decode(errors="replace")
     assert proc.returncode == 0 and "WORKER_OK" in text, text
     assert _shm_entries() - shm_before == set()
+
+
+IDLE_S = 4.0
+IDLE_CPU_SHARE = 0.25     # of one core; spinning took 50-90% per process here
+
+IDLE_WORKER = textwrap.dedent(f"""
+    import os, time, torch
+    import byteps.torch as bps
+    bps.init()
+    want = torch.arange(10.0) * {NUM_WORKERS}
+    assert torch.equal(bps.push_pull(torch.arange(10.0), average=False, name="a"), want)
+    t0, c0 = time.time(), time.process_time()
+    time.sleep({IDLE_S})
+    print("IDLE", t0, time.time(), time.process_time() - c0, flush=True)
+    # after the idle spell the next exchange still works
+    assert torch.equal(bps.push_pull(torch.arange(10.0), average=False, name="a"), want)
+    bps.shutdown()
+    print("WORKER_OK", os.environ["DMLC_WORKER_ID"], flush=True)
+""")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@needs_byteps
+def test_an_idle_cluster_leaves_the_cpu_free(tmp_path):
+    """Waiting for work must not burn cores (patch 0011): every role of a connected but idle
+    cluster uses a small share of one core; before, each ps-lite receive thread spun flat out."""
+    import threading
+
+    cluster = Cluster(tmp_path, IDLE_WORKER)
+    samples: dict[str, list[tuple[float, float]]] = {"scheduler": [], "server": []}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            for name, p, _ in cluster.procs:
+                cpu = _cpu_seconds(p.pid) if name in samples else None
+                if cpu is not None:
+                    samples[name].append((time.time(), cpu))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    try:
+        cluster.start()
+        sampler.start()
+        cluster.wait()
+    finally:
+        done.set()
+        cluster.kill_all()
+    idle = [line.split()[1:] for line in cluster.logs().splitlines() if line.startswith("IDLE ")]
+    assert len(idle) == NUM_WORKERS, cluster.logs()
+    start = max(float(t0) for t0, _, _ in idle) + 0.5
+    end = min(float(t1) for _, t1, _ in idle) - 0.5
+    for _, _, cpu in idle:
+        assert float(cpu) < IDLE_CPU_SHARE * IDLE_S, f"an idle worker used {float(cpu):.2f} s of CPU in {IDLE_S} s"
+    for name, points in samples.items():
+        window = [(t, c) for t, c in points if start <= t <= end]
+        assert len(window) >= 5, (name, points)
+        (t0, c0), (t1, c1) = window[0], window[-1]
+        assert (c1 - c0) < IDLE_CPU_SHARE * (t1 - t0), \
+            f"the idle {name} used {c1 - c0:.2f} s of CPU in {t1 - t0:.2f} s"
