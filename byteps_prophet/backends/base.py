@@ -30,6 +30,7 @@ class Op:
     row_start: int
     row_end: int
     tensor: Any = None  # the rows to synchronise in place (2-D view)
+    whole: Any = None  # the whole gradient (2-D) those rows belong to
     piece: Any = None  # the scheduler's slice task (leader only)
     seq: int = -1  # position in the global order
     extra: dict = field(default_factory=dict)
@@ -54,6 +55,12 @@ class Backend:
 
     def setup(self) -> None:
         """Connect (called once, from the plugin, before the first op)."""
+
+    def use_atoms(self, elements: int) -> int:
+        """Slices that vary from iteration to iteration (Prophet's cuts) are coming. A backend for which
+        every distinct slice is a new key to set up sends fixed atoms of about ``elements`` instead
+        and returns that size, which the scheduler then cuts on; 0: any slice costs the same."""
+        return 0
 
     def channel(self):
         """The announcement channel ranks use to agree on the order (None for one worker)."""

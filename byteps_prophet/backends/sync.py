@@ -131,7 +131,7 @@ class Synchroniser:
                     raise OrderMismatch(
                         f"rank 0 synchronises rows {row_start}:{row_end} of {name!r} but rank {rank}'s gradient "
                         f"has {tensor.shape[0]} rows (different models on different ranks?)")
-                self._issue(Op(name, iteration, row_start, row_end, tensor[row_start:row_end]))
+                self._issue(Op(name, iteration, row_start, row_end, tensor[row_start:row_end], whole=tensor))
 
     def _check_end(self, iteration: int, rank: int) -> None:
         with self._cond:

@@ -72,6 +72,9 @@ class Prophet(ByteScheduler):
         self.mode = settings.prophet_mode
         self.profiler = ReadyProfiler(settings.profile_iterations, settings.boundary_factor, settings.drift_tolerance)
         self._serializations = max(1, getattr(transport, "serializations", 1))
+        # Cuts end on multiples of this many elements' rows (0: any row), for engines where each
+        # distinct slice is a key to set up (the BytePS backend's fixed atoms): see ``_rows_for``.
+        self.cut_elements = 0
         self._plan: StepProfile | None = None
         # Derived from the plan once per profile, not per iteration: gradients by predicted ready
         # offset, those offsets in that order, and each block's gradient count.
@@ -257,7 +260,7 @@ class Prophet(ByteScheduler):
             # The most urgent pending rows, cut to ``chunk`` (``_cut``, inlined): the rest stays queued.
             piece = heappop(queue)[2]
             if piece.nbytes > 1.25 * chunk:
-                rows = max(1, int(chunk // (piece.row_numel * piece.itemsize)))
+                rows = self._rows_for(piece, chunk)
                 if rows < piece.rows:
                     head = piece.split_head(rows)
                     heappush(queue, (piece.priority, next(self._sequence), piece))
@@ -302,12 +305,23 @@ class Prophet(ByteScheduler):
         """The first rows of ``piece`` that fit ``nbytes``; the rest goes back to the queue."""
         if piece.nbytes <= 1.25 * nbytes:  # also when nbytes is infinite
             return piece
-        rows = max(1, int(nbytes // (piece.row_numel * piece.itemsize)))
+        rows = self._rows_for(piece, nbytes)
         if rows >= piece.rows:
             return piece
         head = piece.split_head(rows)  # the queued slice, never sent yet, keeps the rest
         self._enqueue(piece)
         return head
+
+    def _rows_for(self, piece: Task, nbytes: float) -> int:
+        """Rows of ``piece`` to cut for about ``nbytes``: at least one; with ``cut_elements`` the cut
+        ends on the next multiple of that many elements' rows (counted from row 0 of the gradient), so
+        every slice is a run of the same fixed atoms whatever the prediction."""
+        rows = max(1, int(nbytes // (piece.row_numel * piece.itemsize)))
+        if self.cut_elements:
+            quantum = max(1, self.cut_elements // piece.row_numel)
+            end = -(-(piece.row_start + rows) // quantum) * quantum
+            rows = end - piece.row_start
+        return rows
 
     def _send(self, piece: Task) -> None:
         self.credit -= piece.numel  # the credit stays accounted, for the paper mode's last block

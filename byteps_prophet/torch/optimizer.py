@@ -103,6 +103,22 @@ def _prophet_settings(settings: Settings) -> Settings:
     return settings.replace(partition=value) if value else settings
 
 
+def _prophet_atom_elements(settings: Settings) -> int:
+    """Elements per fixed atom where the backend needs stable slices (``Backend.use_atoms``):
+    ``BYTEPS_PROPHET_ATOM_ELEMENTS``, default a quarter of ByteScheduler's default partition (as the
+    MXNet store's atoms, docs/MXNET.md), so Prophet's finer cuts are still honoured."""
+    from byteps_prophet.core.settings import DEFAULT_PARTITION
+
+    raw = os.environ.get("BYTEPS_PROPHET_ATOM_ELEMENTS", "").strip() or str(DEFAULT_PARTITION // 4)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"BYTEPS_PROPHET_ATOM_ELEMENTS={raw!r} is invalid; valid: a positive integer (elements)")
+    return value
+
+
 class _Param:
     __slots__ = ("name", "index", "param", "group", "twin", "pending", "zero_after", "payload", "ctx",
                  "rows_left", "posted_iteration")
@@ -167,6 +183,10 @@ class _Engine:
         self.leader = backend.rank == 0
         settings = self.settings = _prophet_settings(settings)
         self.scheduler = make_scheduler(settings, self.clock, self, self._on_done) if self.leader else None
+        if settings.scheduler == "prophet":  # every rank: all must send the same atoms
+            atom = backend.use_atoms(_prophet_atom_elements(settings))
+            if self.scheduler is not None:
+                self.scheduler.cut_elements = atom
         if self.scheduler is not None:
             install_link_monitor(self.scheduler, backend.serializations)
         self.serializations = backend.serializations  # the Transport contract
@@ -296,7 +316,7 @@ class _Engine:
     def send(self, piece: Task) -> None:
         entry: _Param = piece.root.payload
         op = Op(piece.name, piece.iteration, piece.row_start, piece.row_end,
-                entry.payload[piece.row_start:piece.row_end], piece=piece)
+                entry.payload[piece.row_start:piece.row_end], piece=piece, whole=entry.payload)
         if self.trace is not None:
             op.extra["submit"] = self.clock.now()
         self.sync.submit(op)

@@ -101,6 +101,21 @@ def test_cuts_a_chunk_to_finish_before_the_next_predicted_arrival():
         assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
 
 
+def test_cuts_end_on_the_atom_grid_when_asked():
+    """With ``cut_elements`` (the BytePS backend's fixed atoms) every cut ends on a multiple of that many
+    elements' rows, counted from row 0, and every row still goes exactly once."""
+    loop = Loop()
+    scheduler, link = make(loop, partition=10**9)
+    scheduler.cut_elements = 300 * 1000  # 300 rows of 1000 elements
+    arrivals = [(2, 0.0, (5000, 1000)), (1, 0.010, (10, 1000)), (0, 0.050, (10, 1000))]
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=0.2)
+    last = [task for _, task in link.sent if task.iteration == 5]
+    big = sorted((task.row_start, task.row_end) for task in last if task.index == 2)
+    assert len(big) > 1  # Prophet did cut it
+    assert all(end % 300 == 0 or end == 5000 for _, end in big), big
+    assert big[0][0] == 0 and big[-1][1] == 5000 and all(a[1] == b[0] for a, b in zip(big, big[1:]))
+
+
 def test_does_not_cut_for_an_arrival_when_later_arrivals_keep_the_link_busy_to_the_end():
     """Cutting before an arrival only pays when the link would otherwise go idle before the end of
     backward; when the bytes still to arrive keep it busy to the end, a cut only adds a message."""

@@ -17,13 +17,15 @@ import pytest
 import torch
 
 WORKER = str(Path(__file__).with_name("worker_bps_torch.py"))
-# Partitions small enough that ByteScheduler and Prophet cut this model's tensors into several atoms.
-ENV = {"BPP_STEPS": "4", "BYTESCHEDULER_PARTITION": "5000", "BYTESCHEDULER_CREDIT": "12000"}
+# Partitions small enough that ByteScheduler and Prophet cut this model's tensors into several pieces;
+# Prophet's fixed BytePS atoms smaller still and not aligned with them, so slices cover atoms partly.
+ENV = {"BPP_STEPS": "4", "BYTESCHEDULER_PARTITION": "5000", "BYTESCHEDULER_CREDIT": "12000",
+       "BYTEPS_PROPHET_ATOM_ELEMENTS": "3000"}
 # Stock BytePS (unset) runs one step: over several steps its two workers end with different parameters
 # here (0.016 apart after 4 steps; byteps_prophet's runs equal the reference to 1e-8), as with the MXNet
 # plugin (tests/mxnet/test_mxnet_switch.py, docs/MXNET.md).
 STOCK_STEPS = "1"
-KNOBS = ("BYTEPS_SCHEDULER", "BYTESCHEDULER_PARTITION", "BYTESCHEDULER_CREDIT", "PROPHET_MODE",
+KNOBS = ("BYTEPS_SCHEDULER", "BYTESCHEDULER_PARTITION", "BYTESCHEDULER_CREDIT", "BYTEPS_PROPHET_ATOM_ELEMENTS", "PROPHET_MODE",
          "BYTEPS_PROPHET_TRACE", "BYTEPS_PROPHET_PROFILE")
 
 
