@@ -24,6 +24,7 @@ import os
 
 from byteps_prophet.backends.base import Backend, BackendError, Op
 from byteps_prophet.backends.channel import StoreChannel, make_store
+from byteps_prophet.core.task import atom_rows
 from byteps_prophet.errors import ConfigError
 
 
@@ -74,8 +75,8 @@ class BytePSBackend(Backend):
             return (op, [self._push_pull(op.key, op.tensor)])
         grid = self._atoms.get(op.name)
         if grid is None:
-            rows, row_numel = op.whole.shape[0], max(1, op.whole[0].numel())
-            step = max(1, self._atom_elements // row_numel)
+            rows = op.whole.shape[0]
+            step = atom_rows(op.whole[0].numel(), self._atom_elements)
             starts = list(range(0, rows, step))
             grid = self._atoms[op.name] = (starts, [_Atom(a, min(a + step, rows)) for a in starts])
         starts, atoms = grid

@@ -53,7 +53,7 @@ from heapq import heappop, heappush
 
 from byteps_prophet.core.bytescheduler import ByteScheduler
 from byteps_prophet.core.profiler import ReadyProfiler, StepProfile
-from byteps_prophet.core.task import Task
+from byteps_prophet.core.task import Task, atom_rows
 
 MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
@@ -318,7 +318,7 @@ class Prophet(ByteScheduler):
         every slice is a run of the same fixed atoms whatever the prediction."""
         rows = max(1, int(nbytes // (piece.row_numel * piece.itemsize)))
         if self.cut_elements:
-            quantum = max(1, self.cut_elements // piece.row_numel)
+            quantum = atom_rows(piece.row_numel, self.cut_elements)
             end = -(-(piece.row_start + rows) // quantum) * quantum
             rows = end - piece.row_start
         return rows

@@ -15,6 +15,13 @@ PRIORITY_STRIDE = 1000  # priority = index * 1000 + partition number, as in Byte
 _new_task = object.__new__
 
 
+def atom_rows(row_numel: int, elements: int) -> int:
+    """Rows per fixed atom of about ``elements`` elements. Engines where every distinct slice is a key
+    to set up (the BytePS backend, the MXNet store) send each gradient as a grid of such atoms from row
+    0, and Prophet cuts on the same grid (``Prophet.cut_elements``)."""
+    return max(1, elements // max(1, row_numel))
+
+
 class State(enum.Enum):
     POSTED = "posted"
     READY = "ready"
