@@ -24,7 +24,7 @@ import os
 
 from byteps_prophet.backends.base import Backend, BackendError, Op
 from byteps_prophet.backends.channel import StoreChannel, make_store
-from byteps_prophet.core.task import atom_rows
+from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import ConfigError
 
 
@@ -75,10 +75,8 @@ class BytePSBackend(Backend):
             return (op, [self._push_pull(op.key, op.tensor)])
         grid = self._atoms.get(op.name)
         if grid is None:
-            rows = op.whole.shape[0]
-            step = atom_rows(op.whole[0].numel(), self._atom_elements)
-            starts = list(range(0, rows, step))
-            grid = self._atoms[op.name] = (starts, [_Atom(a, min(a + step, rows)) for a in starts])
+            ranges = atom_grid(op.whole.shape[0], op.whole[0].numel(), self._atom_elements)
+            grid = self._atoms[op.name] = ([a for a, _ in ranges], [_Atom(a, b) for a, b in ranges])
         starts, atoms = grid
         lo = bisect.bisect_right(starts, op.row_start) - 1
         hi = bisect.bisect_left(starts, op.row_end)

@@ -75,6 +75,15 @@ def _require(ok: bool, name: str, value, valid: str) -> None:
         raise ConfigError(f"{name}={value!r} is invalid; valid: {valid}")
 
 
+def elements_from_env(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
+    """A positive element count from ``name`` (``default`` when unset); anything else is one-line
+    ConfigError naming it (the engines' atom sizes)."""
+    env = os.environ if environ is None else environ
+    value = _parse(env, name, int, default, "a positive integer (elements)")
+    _require(value > 0, name, value, "a positive integer (elements)")
+    return value
+
+
 def _parse(env: Mapping[str, str], name: str, kind, default, valid: str):
     raw = env.get(name)
     if raw is None or raw.strip() == "":

@@ -22,6 +22,12 @@ def atom_rows(row_numel: int, elements: int) -> int:
     return max(1, elements // max(1, row_numel))
 
 
+def atom_grid(rows: int, row_numel: int, elements: int) -> list[tuple[int, int]]:
+    """The row ranges of those atoms for a gradient of ``rows`` rows: runs of ``atom_rows`` from 0."""
+    step = atom_rows(row_numel, elements)
+    return [(a, min(a + step, rows)) for a in range(0, rows, step)]
+
+
 class State(enum.Enum):
     POSTED = "posted"
     READY = "ready"

@@ -52,8 +52,9 @@ from mxnet.kvstore import KVStoreBase
 
 from byteps_prophet.backends.link import install_link_monitor
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
-from byteps_prophet.core.task import atom_rows
-from byteps_prophet.errors import ConfigError, UserError
+from byteps_prophet.core.settings import elements_from_env
+from byteps_prophet.core.task import atom_grid
+from byteps_prophet.errors import UserError
 from byteps_prophet.mxnet.engine import EngineGate, copy_raw
 
 ATOM_ENV = "PROPHET_MXNET_ATOM_ELEMENTS"
@@ -79,17 +80,7 @@ def is_leader(kvstore, environ=None) -> bool:
 
 
 def atom_elements(settings: Settings, environ=None) -> int:
-    env = os.environ if environ is None else environ
-    raw = env.get(ATOM_ENV, "").strip()
-    if not raw:
-        return max(1, settings.partition // 4)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{ATOM_ENV}={raw!r} is not a number; valid: a positive integer (elements)") from None
-    if value <= 0:
-        raise ConfigError(f"{ATOM_ENV}={raw!r} is invalid; valid: a positive integer (elements)")
-    return value
+    return elements_from_env(ATOM_ENV, max(1, settings.partition // 4), environ)
 
 
 def atom_ranges(shape: tuple[int, ...], scheduler: str, partition: int, atom: int) -> list[tuple[int, int]]:
@@ -101,8 +92,7 @@ def atom_ranges(shape: tuple[int, ...], scheduler: str, partition: int, atom: in
     if scheduler == "fifo":
         return [(0, rows)]
     if scheduler == "prophet":
-        step = atom_rows(template.row_numel, atom)
-        return [(a, min(a + step, rows)) for a in range(0, rows, step)]
+        return atom_grid(rows, template.row_numel, atom)
     return [(p.row_start, p.row_end) for p in template.partition(partition)]
 
 

@@ -103,20 +103,13 @@ def _prophet_settings(settings: Settings) -> Settings:
     return settings.replace(partition=value) if value else settings
 
 
-def _prophet_atom_elements(settings: Settings) -> int:
+def _prophet_atom_elements() -> int:
     """Elements per fixed atom where the backend needs stable slices (``Backend.use_atoms``):
     ``BYTEPS_PROPHET_ATOM_ELEMENTS``, default a quarter of ByteScheduler's default partition (as the
     MXNet store's atoms, docs/MXNET.md), so Prophet's finer cuts are still honoured."""
-    from byteps_prophet.core.settings import DEFAULT_PARTITION
+    from byteps_prophet.core.settings import DEFAULT_PARTITION, elements_from_env
 
-    raw = os.environ.get("BYTEPS_PROPHET_ATOM_ELEMENTS", "").strip() or str(DEFAULT_PARTITION // 4)
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigError(f"BYTEPS_PROPHET_ATOM_ELEMENTS={raw!r} is invalid; valid: a positive integer (elements)")
-    return value
+    return elements_from_env("BYTEPS_PROPHET_ATOM_ELEMENTS", DEFAULT_PARTITION // 4)
 
 
 class _Param:
@@ -184,7 +177,7 @@ class _Engine:
         settings = self.settings = _prophet_settings(settings)
         self.scheduler = make_scheduler(settings, self.clock, self, self._on_done) if self.leader else None
         if settings.scheduler == "prophet":  # every rank: all must send the same atoms
-            atom = backend.use_atoms(_prophet_atom_elements(settings))
+            atom = backend.use_atoms(_prophet_atom_elements())
             if self.scheduler is not None:
                 self.scheduler.cut_elements = atom
         if self.scheduler is not None:
