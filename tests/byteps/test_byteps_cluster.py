@@ -244,6 +244,52 @@ def test_mxnet_push_pull_exact_sum(tmp_path):
     _run_cluster(tmp_path, MXNET_WORKER)
 
 
+# Names initialised while other names run their rounds (lazily declared tensors; the MXNet store
+# initialises its atoms in the background). The server's request handler adds a key's buffer at its
+# first push while the engine threads look up other keys' buffers: unlocked, that race aborted the
+# server once ("init <key> first", patch 0012). The race is rare, so this cannot prove its absence;
+# it checks that the pattern gives exact sums and a clean exit.
+LATE_NAMES, HOT_ROUNDS = 300, 120
+LATE_INIT_WORKER = textwrap.dedent(f"""
+    import os, threading, torch
+    import byteps.torch as bps
+    bps.init()
+    wid = int(os.environ["DMLC_WORKER_ID"])
+    hot = [f"hot{{i}}" for i in range(4)]
+    late = [f"late{{i}}" for i in range({LATE_NAMES})]
+    for name in hot + late:          # the same numbering on every worker
+        bps.declare(name)
+    for name in hot:
+        bps.push_pull(torch.zeros(5), average=False, name=name)
+    errors = []
+
+    def rounds():
+        for r in range({HOT_ROUNDS}):
+            xs = [torch.full((5,), float(wid + 1 + r)) for _ in hot]
+            handles = [bps.push_pull_async_inplace(x, average=False, name=n) for n, x in zip(hot, xs)]
+            for x, h in zip(xs, handles):
+                bps.synchronize(h)
+                if not torch.equal(x, torch.full((5,), float(3 + 2 * r))):
+                    errors.append(("hot", r, x.tolist()))
+
+    thread = threading.Thread(target=rounds)
+    thread.start()
+    for i, name in enumerate(late):
+        y = bps.push_pull(torch.full((5,), float(wid + 1)), average=False, name=name)
+        if not torch.equal(y, torch.full((5,), 3.0)):
+            errors.append(("late", i, y.tolist()))
+    thread.join()
+    assert not errors, errors[:3]
+    bps.shutdown()
+    print("WORKER_OK", wid, flush=True)
+""")
+
+
+@needs_byteps
+def test_names_initialised_during_other_rounds(tmp_path):
+    _run_cluster(tmp_path, LATE_INIT_WORKER)
+
+
 def _gpu_visible() -> bool:
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
