@@ -37,13 +37,16 @@ Two modes:
            service adds up to less than the latency (the small gradients after the end of backward)
            are therefore all in flight together, as under a credit, instead of one per completion,
            each paying the latency on an idle link.
-           End of backward on a one-stage link (all-reduce): nothing more urgent can arrive this
-           iteration and the link serves pieces in the order sent, so a hold can only add start-up
-           latency; everything pending goes at once, most urgent first. This matters where the
-           link's rate is misread: in a compute-bound step an all-reduce completes at the slower
-           rank's compute pace, rank 0's monitor reads that pace as the rate, and the hold issued
-           the last 30-40 pieces one completion at a time (0.65-0.8 s after the end of backward
-           where FIFO needed 0.01-0.2 s; docs/AB.md section 7).
+           End of backward: nothing more urgent can arrive this iteration and the link serves
+           pieces in the order sent, so a hold can only add start-up latency; everything pending
+           goes at once, most urgent first (still cut into the drain chunks). This matters where the
+           link's rate is misread: in a compute-bound step an op completes at the slower rank's
+           compute pace, rank 0's monitor reads that pace as the rate, and the hold issued the last
+           30-40 pieces one completion at a time (0.65-0.8 s after the end of backward where FIFO
+           needed 0.01-0.2 s; docs/AB.md section 7). First for one-stage links (all-reduce); for
+           two-stage ones (parameter server) measured later, 3 rounds each on the MXNet store:
+           transformer 300 Mbit/s Prophet/BS 1.062x without the hold, 0.989x with it; resnet b128
+           level (docs/AB.md section 8).
 """
 from __future__ import annotations
 
@@ -222,7 +225,7 @@ class Prophet(ByteScheduler):
         # A piece reaches the link ``latency`` after it is sent (the engine's start-up, which ops
         # already in flight overlap; 0 unless the monitor measures one, as in the simulator).
         latency = self.bandwidth.latency
-        hold = not (self._backward_done and self._serializations == 1)
+        hold = not self._backward_done
         bandwidth = None  # read on the first send: most calls find the link busy and send nothing
         while queue:
             start = stage_free[0] + lag  # when the first stage of the link can take it

@@ -220,20 +220,21 @@ def test_latency_reported_small_pieces_go_in_flight_together():
     assert finishes[0] <= unaware[0]
 
 
-def test_end_of_backward_sends_everything_pending_on_a_one_stage_link():
-    """After end_of_backward nothing more urgent can arrive and an all-reduce serves pieces in the
-    order sent: no hold, even with the latency unknown (0), everything pending goes in flight at once,
-    most urgent first. On a two-stage link (push, pull) the hold still paces the drain."""
-    sends, finishes, link = run_on_latency_link(told=0.0, signal_end=True)
-    _, held, _ = run_on_latency_link(told=0.0, signal_end=False)
+@pytest.mark.parametrize("stages", [1, 2])
+def test_end_of_backward_sends_everything_pending(stages):
+    """After end_of_backward nothing more urgent can arrive and the link (an all-reduce, or a
+    parameter server's push then pull) serves pieces in the order sent: no hold, even with the
+    latency unknown (0), everything pending goes in flight at once, most urgent first."""
+    sends, finishes, link = run_on_latency_link(told=0.0, signal_end=True, stages=stages)
+    _, held, _ = run_on_latency_link(told=0.0, signal_end=False, stages=stages)
     end = 0.0104
     after = [(t, task) for t, task in sends if t >= end - 1e-9]
     assert len(after) >= 5 and all(t == pytest.approx(end) for t, _ in after)
     assert [task.index for _, task in after] == sorted(task.index for _, task in after)  # most urgent first
     assert link.max_in_flight[5] >= 6
-    assert max(finishes.values()) < max(held.values()) - 0.008 and finishes[0] <= held[0]
-    _, _, two_stage = run_on_latency_link(told=0.0, signal_end=True, stages=2)
-    assert two_stage.max_in_flight[5] < link.max_in_flight[5]
+    # one stage: the hold left the link idle through the start-up latency; two: it cost nothing here
+    gain = 0.008 if stages == 1 else 0.0
+    assert max(finishes.values()) <= max(held.values()) - gain + 1e-12 and finishes[0] <= held[0]
 
 
 def test_latency_zero_keeps_one_piece_queued_behind_the_link():
