@@ -65,6 +65,8 @@ class ABConfig:
         for name in ("workers", "steps", "rounds", "batch"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name} {getattr(self, name)} is invalid; valid: an integer >= 1")
+        if self.warmup < 0:
+            raise UserError(f"--warmup {self.warmup} is invalid; valid: an integer >= 0")
         if self.workers < 2:
             raise UserError(f"--workers {self.workers} is invalid; valid: an integer >= 2 (A/B needs communication)")
         try:
@@ -128,6 +130,20 @@ class ABRunner:
         self.runs: list[dict] = []
         self.tuning: dict | None = None
         self.warnings: list[str] = []
+        self._check_warmup()
+
+    def _check_warmup(self) -> None:
+        """Prophet schedules by its profile only after profiling; a shorter warm-up measures it partly
+        under ByteScheduler's credit (its fallback), which is not its steady state."""
+        if "prophet" not in self.cfg.variants:
+            return
+        from byteps_prophet.core import Settings
+
+        profiling = Settings.from_env().profile_iterations
+        if self.cfg.warmup < profiling:
+            self._warn(f"--warmup {self.cfg.warmup} is shorter than Prophet's profiling ({profiling} iterations, "
+                       f"PROPHET_PROFILE_ITERATIONS): its first {profiling - self.cfg.warmup} measured step(s) "
+                       f"run under ByteScheduler's credit; use --warmup {profiling} or more")
 
     # -- cluster ---------------------------------------------------------------------------------------
     def _cluster(self):

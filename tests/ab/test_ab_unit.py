@@ -27,6 +27,7 @@ def test_parse_result_takes_the_json_line():
     (dict(framework="torch", backend="kvstore"), "--backend"),
     (dict(framework="mxnet", backend="gloo"), "--backend"),
     (dict(workers=1), "--workers"),
+    (dict(warmup=-1), "--warmup"),
     (dict(bandwidth="100"), "100"),
 ])
 def test_config_errors_are_one_line(kwargs, match):
@@ -96,6 +97,14 @@ def test_record_sets_profile_and_trace_paths(tmp_path):
     assert FakeCluster.seen["BYTEPS_PROPHET_PROFILE"] == str(tmp_path / "rec" / "prophet_r0.profile.json")
     assert FakeCluster.seen["BYTEPS_PROPHET_TRACE"] == str(tmp_path / "rec" / "prophet_r0.trace.json")
     assert data["recorded"]["trace"].endswith("prophet_r0.trace.json") and data["samples_per_s"] == 3.0
+
+
+@pytest.mark.parametrize("warmup, variants, warned", [(2, ("fifo", "prophet"), True), (3, ("fifo", "prophet"), False),
+                                                     (0, ("fifo", "bytescheduler"), False)])
+def test_warns_when_warmup_ends_inside_prophets_profiling(warmup, variants, warned, monkeypatch):
+    monkeypatch.delenv("PROPHET_PROFILE_ITERATIONS", raising=False)  # the default: 3
+    runner = ABRunner(ABConfig(warmup=warmup, variants=variants), log=lambda message: None)
+    assert any("--warmup" in w and "profiling (3 iterations" in w for w in runner.warnings) == warned
 
 
 def _summary_runner(cfg, rows, netns=True):
