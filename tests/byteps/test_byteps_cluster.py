@@ -255,22 +255,28 @@ LATE_INIT_WORKER = textwrap.dedent(f"""
     import byteps.torch as bps
     bps.init()
     wid = int(os.environ["DMLC_WORKER_ID"])
-    hot = [f"hot{{i}}" for i in range(4)]
+    # Two names per hot tensor, used in alternate rounds (as the scheduled backends do): with one name
+    # a worker's round r+1 push can overwrite the sum another worker's round r pull is served from.
+    hot = [[f"hot{{i}}.{{p}}" for p in (0, 1)] for i in range(4)]
     late = [f"late{{i}}" for i in range({LATE_NAMES})]
-    for name in hot + late:          # the same numbering on every worker
+    for name in [n for pair in hot for n in pair] + late:   # the same numbering on every worker
         bps.declare(name)
-    for name in hot:
-        bps.push_pull(torch.zeros(5), average=False, name=name)
+    for pair in hot:
+        for name in pair:
+            bps.push_pull(torch.zeros(5), average=False, name=name)
     errors = []
 
     def rounds():
-        for r in range({HOT_ROUNDS}):
-            xs = [torch.full((5,), float(wid + 1 + r)) for _ in hot]
-            handles = [bps.push_pull_async_inplace(x, average=False, name=n) for n, x in zip(hot, xs)]
-            for x, h in zip(xs, handles):
-                bps.synchronize(h)
-                if not torch.equal(x, torch.full((5,), float(3 + 2 * r))):
-                    errors.append(("hot", r, x.tolist()))
+        try:
+            for r in range({HOT_ROUNDS}):
+                xs = [torch.full((5,), float(wid + 1 + r)) for _ in hot]
+                handles = [bps.byteps_push_pull(x, average=False, name=pair[r % 2]) for pair, x in zip(hot, xs)]
+                for x, h in zip(xs, handles):
+                    bps.synchronize(h)
+                    if not torch.equal(x, torch.full((5,), float(3 + 2 * r))):
+                        errors.append(("hot", r, x.tolist()))
+        except BaseException as err:  # a failed thread must fail the worker
+            errors.append(("hot", "raised", repr(err)))
 
     thread = threading.Thread(target=rounds)
     thread.start()
