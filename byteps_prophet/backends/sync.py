@@ -148,8 +148,7 @@ class Synchroniser:
 
     # -- both -----------------------------------------------------------------------------------------
     def _issue(self, op: Op) -> None:
-        if op.piece is not None:
-            op.extra["issue"] = time.monotonic()
+        op.extra["issue"] = time.monotonic()
         op.seq = self._seq
         self._seq += 1
         handle = self.backend.issue(op)

@@ -152,7 +152,7 @@ class _Engine:
         self._ends_sent: set[int] = set()
         self._pending_count = 0
         self.closed = False
-        # BYTEPS_PROPHET_TRACE=PATH: rank 0 logs every event with its time (docs/PYTORCH.md, "Trace")
+        # BYTEPS_PROPHET_TRACE=PATH: every rank logs its events with their times (docs/PYTORCH.md)
         self._trace_path = os.environ.get("BYTEPS_PROPHET_TRACE") or None
         self.trace: list | None = [] if self._trace_path else None
 
@@ -273,6 +273,9 @@ class _Engine:
                     self.trace.append(["ready", self.iteration, entry.index, task.nbytes, now])
                 self.scheduler.post(task)
         if not self.leader:
+            if self.trace is not None:
+                nbytes = entry.payload.numel() * entry.payload.element_size()
+                self.trace.append(["ready", self.iteration, entry.index, nbytes, now])
             self.sync.local_ready(self.iteration, entry.name, entry.payload)
 
     def _backward_pass_done(self) -> None:
@@ -293,6 +296,8 @@ class _Engine:
                 self.scheduler.end_of_backward(iteration)
                 self._maybe_end_iteration(iteration)
         if not self.leader:
+            if self.trace is not None:
+                self.trace.append(["eob", iteration, self.clock.now()])
             self.sync.local_end_of_backward(iteration)
 
     def _maybe_end_iteration(self, iteration: int) -> None:
@@ -336,6 +341,10 @@ class _Engine:
                                        bw.bytes_per_s, bw.message_cost, bw.latency])
         else:
             entry = self.by_name[op.name]
+            if self.trace is not None:  # the leader's layout; the scheduler's fields are rank 0's
+                self.trace.append(["op", op.iteration, entry.index, op.row_start, op.row_end,
+                                   op.tensor.numel() * op.tensor.element_size(), None, op.extra.get("issue"),
+                                   self.clock.now(), None, None, None])
             entry.rows_left -= op.row_end - op.row_start
             done = [entry] if entry.rows_left == 0 else []
             if entry.rows_left < 0:
@@ -401,7 +410,7 @@ class _Engine:
             waiting = [self.by_id[id(p)] for p in module._parameters.values()
                        if p is not None and id(p) in self.by_id]
             if waiting:
-                if self.trace is not None and self.leader and any(e.pending for e in waiting):
+                if self.trace is not None and any(e.pending for e in waiting):
                     t0 = self.clock.now()
                     self._wait_for(waiting)
                     self.trace.append(["wait", self.iteration, waiting[0].index, t0, self.clock.now()])
@@ -473,11 +482,15 @@ class _Engine:
         return path
 
     def save_trace(self) -> str | None:
-        if self.trace is None or not self._trace_path or not self.leader:
+        if self.trace is None or not self._trace_path:
             return None
         import json
 
-        path = self._trace_path.replace("{rank}", str(self.backend.rank))
+        rank = self.backend.rank
+        path = self._trace_path.replace("{rank}", str(rank))
+        if rank and path == self._trace_path:  # one PATH for every rank (a shared disk): rank 0 keeps it
+            stem, dot, ext = path.rpartition(".")
+            path = f"{stem}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
         meta = {"scheduler": self.settings.scheduler, "backend": self.backend.name, "world_size": self.backend.size,
                 "serializations": self.backend.serializations,
                 "tensors": [[e.index, e.name, list(e.param.shape), e.param.numel() * e.param.element_size()]
@@ -499,7 +512,7 @@ class _Engine:
         self._end_backward()
 
     def step_done(self) -> None:
-        if self.trace is not None and self.leader:
+        if self.trace is not None:
             self.trace.append(["step", self.iteration, self.clock.now()])
         if self._recorder is not None and self._iter_open:
             self._iteration_end_pending = True

@@ -92,3 +92,9 @@ def test_scheduler_schedules_unmodified_script(results, scheduler):
     per_tensor = collections.Counter((e[1], e[2]) for e in ops)  # (iteration, tensor) -> ops
     assert len(per_tensor) == steps * len(trace["meta"]["tensors"]), per_tensor
     assert max(per_tensor.values()) > 1, per_tensor  # the scheduler cut tensors into several atoms
+    # rank 1 wrote its own trace next to rank 0's: the same ops (rank 0's order), its own times
+    follower = json.loads((results[3] / f"{scheduler}.trace.rank1.json").read_text())
+    follower_ops = [e for e in follower["events"] if e[0] == "op"]
+    assert sorted(e[1:5] for e in follower_ops) == sorted(e[1:5] for e in ops)
+    assert all(e[7] <= e[8] for e in follower_ops)  # issued, then done
+    assert sum(e[0] == "ready" for e in follower["events"]) == steps * len(trace["meta"]["tensors"])
