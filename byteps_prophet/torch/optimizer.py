@@ -264,18 +264,14 @@ class _Engine:
                 self._recorder.backward_start(max(start, self._iter_begin))
                 self._bwd_start, self._bwd_marked = max(start, self._iter_begin), True
             self._recorder.gradient_ready(entry.name, max(now, self._bwd_start))
+        if self.trace is not None:
+            self.trace.append(["ready", self.iteration, entry.index, wire.numel() * wire.element_size(), now])
         with self.lock:
             self._outstanding[self.iteration] = self._outstanding.get(self.iteration, 0) + 1
             if self.leader:
-                task = Task(entry.name, entry.index, tuple(wire.shape) or (1,), wire.element_size(),
-                            self.iteration, payload=entry)
-                if self.trace is not None:
-                    self.trace.append(["ready", self.iteration, entry.index, task.nbytes, now])
-                self.scheduler.post(task)
+                self.scheduler.post(Task(entry.name, entry.index, tuple(wire.shape) or (1,), wire.element_size(),
+                                         self.iteration, payload=entry))
         if not self.leader:
-            if self.trace is not None:
-                nbytes = entry.payload.numel() * entry.payload.element_size()
-                self.trace.append(["ready", self.iteration, entry.index, nbytes, now])
             self.sync.local_ready(self.iteration, entry.name, entry.payload)
 
     def _backward_pass_done(self) -> None:
@@ -288,16 +284,14 @@ class _Engine:
         if self._backward_ended:
             return
         iteration = self.iteration
+        if self.trace is not None:
+            self.trace.append(["eob", iteration, self.clock.now()])
         with self.lock:
             self._backward_ended = True
             if self.leader:
-                if self.trace is not None:
-                    self.trace.append(["eob", iteration, self.clock.now()])
                 self.scheduler.end_of_backward(iteration)
                 self._maybe_end_iteration(iteration)
         if not self.leader:
-            if self.trace is not None:
-                self.trace.append(["eob", iteration, self.clock.now()])
             self.sync.local_end_of_backward(iteration)
 
     def _maybe_end_iteration(self, iteration: int) -> None:
