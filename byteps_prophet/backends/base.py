@@ -48,6 +48,7 @@ class Backend:
 
     name = "base"
     serializations = 1
+    pulls_follow_pushes = False  # see core.scheduler.Transport
 
     def __init__(self) -> None:
         self.rank = 0

@@ -31,6 +31,7 @@ from byteps_prophet.errors import ConfigError
 class BytePSBackend(Backend):
     name = "byteps"
     serializations = 2
+    pulls_follow_pushes = True  # BytePS pulls a partition once the server acknowledged its push
 
     def __init__(self, init: bool = True) -> None:
         super().__init__()

@@ -47,6 +47,14 @@ Two modes:
            two-stage ones (parameter server) measured later, 3 rounds each on the MXNet store:
            transformer 300 Mbit/s Prophet/BS 1.062x without the hold, 0.989x with it; resnet b128
            level (docs/AB.md section 8).
+           Except where a pull is requested only once its push is acknowledged, over the same uplink
+           (the transport's ``pulls_follow_pushes``: BytePS's push_pull): there the request queues
+           behind every byte pushed before it, so everything in flight at once finishes all pushes
+           before any pull and gradient 0 waits for all of them; the hold stays, which keeps the
+           pushes queued ahead of a request to about a completion's worth plus the latency. torch
+           BytePS, vgg 500 Mbit/s: a 6 MB op sent 0.18 s before the end of backward completed 1.29 s
+           after it, behind the 36 MB pushed then; Prophet/BS 0.753x without the hold, 1.044x with it
+           (docs/AB.md section 10).
 """
 from __future__ import annotations
 
@@ -75,6 +83,9 @@ class Prophet(ByteScheduler):
         self.mode = settings.prophet_mode
         self.profiler = ReadyProfiler(settings.profile_iterations, settings.boundary_factor, settings.drift_tolerance)
         self._serializations = max(1, getattr(transport, "serializations", 1))
+        # Keep holding after the end of backward where sending everything would queue the pulls'
+        # requests behind all of it (module docstring, "End of backward").
+        self._hold_after_backward = bool(getattr(transport, "pulls_follow_pushes", False))
         # Cuts end on multiples of this many elements' rows (0: any row), for engines where each
         # distinct slice is a key to set up (the BytePS backend's fixed atoms): see ``_rows_for``.
         self.cut_elements = 0
@@ -225,7 +236,7 @@ class Prophet(ByteScheduler):
         # A piece reaches the link ``latency`` after it is sent (the engine's start-up, which ops
         # already in flight overlap; 0 unless the monitor measures one, as in the simulator).
         latency = self.bandwidth.latency
-        hold = not self._backward_done
+        hold = self._hold_after_backward or not self._backward_done
         bandwidth = None  # read on the first send: most calls find the link busy and send nothing
         while queue:
             start = stage_free[0] + lag  # when the first stage of the link can take it

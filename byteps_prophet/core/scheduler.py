@@ -23,6 +23,9 @@ from byteps_prophet.core.task import State, Task
 
 class Transport(Protocol):
     serializations: int  # how often each byte crosses the bottleneck link: 2 for push+pull, 1 all-reduce
+    # Optional (default False): a piece's pull is requested over the uplink only once its push is
+    # acknowledged, so the request queues behind every byte pushed before then (BytePS's push_pull).
+    pulls_follow_pushes: bool
 
     def send(self, task: Task) -> None:
         """Start synchronising ``task``; report completion with ``scheduler.finished(task)``."""

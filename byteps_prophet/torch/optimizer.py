@@ -175,6 +175,9 @@ class _Engine:
 
         self.leader = backend.rank == 0
         settings = self.settings = _prophet_settings(settings)
+        # The Transport contract, read by the scheduler as it is made: set before it.
+        self.serializations = backend.serializations
+        self.pulls_follow_pushes = backend.pulls_follow_pushes
         self.scheduler = make_scheduler(settings, self.clock, self, self._on_done) if self.leader else None
         if settings.scheduler == "prophet":  # every rank: all must send the same atoms
             atom = backend.use_atoms(_prophet_atom_elements())
@@ -182,7 +185,6 @@ class _Engine:
                 self.scheduler.cut_elements = atom
         if self.scheduler is not None:
             install_link_monitor(self.scheduler, backend.serializations)
-        self.serializations = backend.serializations  # the Transport contract
         self._done: list[_Param] = []
         self.sync = Synchroniser(backend, self._on_op_finished, self._on_error)
 

@@ -245,3 +245,56 @@ def test_latency_zero_keeps_one_piece_queued_behind_the_link():
     small = sorted(t for t, task in sends if task.index < 5)
     assert len(small) == 5 and link.max_in_flight[5] == 2
     assert all(b - a > 0.002 for a, b in zip(small, small[1:]))  # each waited for a completion
+
+
+class PullRequestLink:
+    """A parameter server as BytePS drives it: a piece is pushed over the uplink (FIFO), and only when
+    its push is done is its pull requested, over the same uplink, so the request is served after every
+    byte pushed before then; the pull then comes back over the downlink (FIFO)."""
+
+    serializations = 2
+    pulls_follow_pushes = True
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop, self.up_free, self.down_free = loop, 0.0, 0.0
+        self.sent: list[tuple[float, Task]] = []
+        self.scheduler = None
+
+    def send(self, task):
+        now = self.loop.clock.now()
+        self.sent.append((now, task))
+        self.up_free = max(self.up_free, now) + COST + task.nbytes / BANDWIDTH
+        self.loop.at(self.up_free, self._request_pull, task)
+
+    def _request_pull(self, task):
+        requested = max(self.up_free, self.loop.clock.now())  # behind what was pushed before now
+        self.down_free = max(self.down_free, requested) + COST + task.nbytes / BANDWIDTH
+        self.loop.at(self.down_free, self.scheduler.finished, task)
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_pull_requests_behind_pushes_keep_the_hold_after_backward(told, monkeypatch):
+    """Where a pull is requested behind the pushes sent before it (``pulls_follow_pushes``), sending
+    everything at the end of backward would make every pull, gradient 0's too, wait for all of those
+    pushes. Told so, Prophet keeps holding after the end of backward: gradient 0 (arriving last) is
+    synchronised far sooner and the iteration ends no later."""
+    if not told:
+        monkeypatch.setattr(PullRequestLink, "pulls_follow_pushes", False)
+    loop = Loop()
+    link = PullRequestLink(loop)
+    scheduler = Prophet(Settings(scheduler="prophet", partition=10**9), loop.clock, link)
+    link.scheduler = scheduler
+    done = {}
+    scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
+    # a 40 MB gradient just before the end of backward, then five small ones (gradient 0 last)
+    arrivals = [(5, 0.008, (10000, 1000))] + [(i, 0.010 + 1e-4 * (4 - i), (16, 1000)) for i in range(5)]
+    period = 0.2
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=period)
+    assert scheduler._plan is not None
+    finishes = {index: t - 5 * period for (it, index), t in done.items() if it == 5}
+    assert len(finishes) == 6
+    if told:  # gradient 0 waits for a chunk or two of the 40 MB, not for all of it
+        assert finishes[0] < 0.010 + 0.015
+    else:
+        assert finishes[0] > 0.008 + 0.040  # behind the whole 40 MB push
+    assert max(finishes.values()) < 0.008 + 2 * (0.040 + 0.005)

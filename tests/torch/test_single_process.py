@@ -129,3 +129,24 @@ def test_invalid_scheduler_raises_config_error():
     with pytest.raises(ConfigError, match="valid: fifo, bytescheduler, prophet"):
         DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                              scheduler="lifo", backend="local")
+
+
+def test_scheduler_sees_the_backends_link():
+    """The scheduler reads the link's description (stages, pulls behind pushes) as it is made: the
+    plugin must hand it over before. It once set it after, and Prophet on BytePS modelled a one-stage
+    link that sent everything at the end of backward."""
+    from byteps_prophet.backends.base import LocalBackend
+
+    class TwoStage(LocalBackend):
+        serializations = 2
+        pulls_follow_pushes = True
+
+    model = build("mlp")
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), list(model.named_parameters()),
+                               scheduler="prophet", backend=TwoStage())
+    try:
+        scheduler = opt._bpp.scheduler
+        assert scheduler._serializations == 2 and scheduler._hold_after_backward
+        assert scheduler.bandwidth.serializations == 2
+    finally:
+        opt.close()
