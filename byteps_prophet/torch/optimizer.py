@@ -105,11 +105,13 @@ def _prophet_settings(settings: Settings) -> Settings:
 
 def _prophet_atom_elements() -> int:
     """Elements per fixed atom where the backend needs stable slices (``Backend.use_atoms``):
-    ``BYTEPS_PROPHET_ATOM_ELEMENTS``, default a quarter of ByteScheduler's default partition (as the
-    MXNet store's atoms, docs/MXNET.md), so Prophet's finer cuts are still honoured."""
+    ``BYTEPS_PROPHET_ATOM_ELEMENTS``, default ByteScheduler's default partition (BytePS's own 4 MB).
+    Every atom is a BytePS op, whose copies and server work take CPU from the compute: a quarter of it
+    cost the compute-bound step 3% more, and the communication-bound step gained nothing from the
+    finer cuts (docs/AB.md section 10)."""
     from byteps_prophet.core.settings import DEFAULT_PARTITION, elements_from_env
 
-    return elements_from_env("BYTEPS_PROPHET_ATOM_ELEMENTS", DEFAULT_PARTITION // 4)
+    return elements_from_env("BYTEPS_PROPHET_ATOM_ELEMENTS", DEFAULT_PARTITION)
 
 
 class _Param:
