@@ -2,7 +2,7 @@
 
 Precedence, lowest first: the caller's environment without any DMLC_*/BYTEPS_*/BYTESCHEDULER_*/
 PROPHET_* variables; the compose service's ``environment``; the caller's scheduling knobs
-(BYTEPS_SCHEDULER, BYTESCHEDULER_*, PROPHET_*); the per-run ``env``; and last the topology the
+(BYTEPS_SCHEDULER, BYTESCHEDULER_*, PROPHET_*, and the plugin's BYTEPS_PROPHET_* knobs); the per-run ``env``; and last the topology the
 cluster decides (role, addresses, counts, ids), which nothing may override.
 """
 from __future__ import annotations
@@ -21,7 +21,8 @@ DEFAULT_PORT = 9000
 # What a role never inherits from the caller unless the compose file or the run asks for it.
 _SCRUBBED_PREFIXES = ("DMLC_", "BYTEPS_", "BYTESCHEDULER_", "PROPHET_")
 # The scheduling knobs the caller passes through to every role (the A/B runner sets these).
-PASSTHROUGH_NAMES = ("BYTEPS_SCHEDULER",)
+PASSTHROUGH_NAMES = ("BYTEPS_SCHEDULER", "BYTEPS_PROPHET_ATOM_ELEMENTS", "BYTEPS_PROPHET_PARTITION",
+                     "BYTEPS_PROPHET_LINK", "BYTEPS_PROPHET_OVERLAP", "BYTEPS_PROPHET_LAYERWISE")
 PASSTHROUGH_PREFIXES = ("BYTESCHEDULER_", "PROPHET_")
 # Set by the cluster; a compose file's values are replaced and a run's env may not set them.
 TOPOLOGY_KEYS = (

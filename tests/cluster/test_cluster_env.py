@@ -17,7 +17,7 @@ TOPOLOGY = Topology(num_workers=3, num_servers=2, root_uri="198.18.1.1", root_po
                     interface="eth0", cluster_id="bpp-1-0")
 CALLER = {"PATH": "/usr/bin", "HOME": "/root", "BYTEPS_SCHEDULER": "prophet", "PROPHET_MODE": "paper",
           "BYTESCHEDULER_CREDIT": "4", "DMLC_ROLE": "stale", "BYTEPS_LOG_LEVEL": "DEBUG",
-          "DMLC_NUM_WORKER": "99"}
+          "DMLC_NUM_WORKER": "99", "BYTEPS_PROPHET_ATOM_ELEMENTS": "250000", "BYTEPS_PROPHET_HOST": "stale"}
 
 
 def env_for(role, index, **kw):
@@ -48,7 +48,9 @@ def test_scheduling_knobs_pass_through_and_stale_cluster_variables_do_not():
     env = env_for("server", 1)
     assert env["BYTEPS_SCHEDULER"] == "prophet"  # the caller's wins over compose's
     assert env["PROPHET_MODE"] == "paper" and env["BYTESCHEDULER_CREDIT"] == "4"
+    assert env["BYTEPS_PROPHET_ATOM_ELEMENTS"] == "250000"  # the plugin's knobs reach every role
     assert "BYTEPS_LOG_LEVEL" not in env  # other BYTEPS_* stay with the caller
+    assert env["BYTEPS_PROPHET_HOST"] == "server-1"  # the cluster's, never the caller's
     assert env["DMLC_ROLE"] == "server"
     assert "DMLC_WORKER_ID" not in env
     assert "LINK_BANDWIDTH" not in env  # Docker's entrypoint shapes; locally the cluster does
