@@ -54,7 +54,11 @@ Two modes:
            pushes queued ahead of a request to about a completion's worth plus the latency. torch
            BytePS, vgg 500 Mbit/s: a 6 MB op sent 0.18 s before the end of backward completed 1.29 s
            after it, behind the 36 MB pushed then; Prophet/BS 0.753x without the hold, 1.044x with it
-           (docs/AB.md section 10).
+           (docs/AB.md section 10). On such a link a request also waits behind the push queued after
+           its own (keeping one queued is what keeps the uplink from idling), so the model has one
+           more stage there: push, the request's wait, pull. With two, every completion came a push
+           later than modelled and the hold kept too little queued: a 41 MB burst in 1 MB pieces
+           took 56 ms in memory where 45 suffice (tests/core/test_prophet_default.py).
 """
 from __future__ import annotations
 
@@ -111,7 +115,9 @@ class Prophet(ByteScheduler):
         self._releases: deque[int] = deque()  # collected blocks whose budget is still to be granted
         # The link model: when each of its stages frees, when each piece sent finishes (FIFO), and
         # how far reality runs behind that model, re-anchored at every completion.
-        self._stage_free = [0.0] * self._serializations
+        # Where pulls follow pushes, a pull is requested behind the push the hold keeps queued after
+        # it, so the link is modelled with that wait as one more stage (module docstring).
+        self._stage_free = [0.0] * (self._serializations + self._hold_after_backward)
         self._finishes: deque[tuple[Task, float]] = deque()
         self._lag = 0.0
         self._drain_chunk: float | None = None
@@ -127,7 +133,7 @@ class Prophet(ByteScheduler):
         arrived = self._arrived
         first = index not in arrived
         arrived.add(index)
-        for piece in task.partition(self.settings.partition):
+        for piece in self._queued_pieces(task):
             self._enqueue(piece)
         if self._plan is not None:
             if first:
@@ -314,6 +320,17 @@ class Prophet(ByteScheduler):
         if self._upcoming >= len(self._order):
             return None
         return self._first_ready + self._pace * self._order_offsets[self._upcoming]
+
+    def _queued_pieces(self, task: Task) -> list[Task]:
+        """ByteScheduler's partition; with ``cut_elements``, runs of whole atoms of about that size
+        instead, so that a queued piece never ends inside an atom (the engine would send the whole
+        atom with the first piece, and the link model would count the wrong bytes)."""
+        if not self.cut_elements:
+            return task.partition(self.settings.partition)
+        quantum = atom_rows(task.row_numel, self.cut_elements)
+        step = quantum * max(1, round(self.settings.partition / (quantum * task.row_numel)))
+        return [task.slice(start, min(start + step, task.row_end), part=part)
+                for part, start in enumerate(range(task.row_start, task.row_end, step))]
 
     def _cut(self, piece: Task, nbytes: float) -> Task:
         """The first rows of ``piece`` that fit ``nbytes``; the rest goes back to the queue."""
