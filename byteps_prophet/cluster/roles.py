@@ -2,8 +2,9 @@
 
 Precedence, lowest first: the caller's environment without any DMLC_*/BYTEPS_*/BYTESCHEDULER_*/
 PROPHET_* variables; the compose service's ``environment``; the caller's scheduling knobs
-(BYTEPS_SCHEDULER, BYTESCHEDULER_*, PROPHET_*, and the plugin's BYTEPS_PROPHET_* knobs); the per-run ``env``; and last the topology the
-cluster decides (role, addresses, counts, ids), which nothing may override.
+(BYTEPS_SCHEDULER, BYTESCHEDULER_*, PROPHET_*, and the plugin's BYTEPS_PROPHET_* knobs named in
+``PASSTHROUGH_NAMES``); the per-run ``env``; and last the topology the cluster decides (role,
+addresses, counts, ids), which nothing may override.
 """
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ from heapq import heappop, heappush
 
 from byteps_prophet.core.bytescheduler import ByteScheduler
 from byteps_prophet.core.profiler import ReadyProfiler, StepProfile
-from byteps_prophet.core.task import Task, atom_rows
+from byteps_prophet.core.task import Task, atom_grid, atom_rows
 
 MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
@@ -328,9 +328,9 @@ class Prophet(ByteScheduler):
         if not self.cut_elements:
             return task.partition(self.settings.partition)
         quantum = atom_rows(task.row_numel, self.cut_elements)
-        step = quantum * max(1, round(self.settings.partition / (quantum * task.row_numel)))
-        return [task.slice(start, min(start + step, task.row_end), part=part)
-                for part, start in enumerate(range(task.row_start, task.row_end, step))]
+        run = quantum * max(1, round(self.settings.partition / (quantum * task.row_numel)))
+        return [task.slice(task.row_start + a, task.row_start + b, part=part)
+                for part, (a, b) in enumerate(atom_grid(task.rows, task.row_numel, run * task.row_numel))]
 
     def _cut(self, piece: Task, nbytes: float) -> Task:
         """The first rows of ``piece`` that fit ``nbytes``; the rest goes back to the queue."""

@@ -79,7 +79,6 @@ def default_backend_name() -> str:
     return "local"
 
 
-ATOM_ELEMENTS = 250_000  # elements per fixed atom on the BytePS backend (``_prophet_atom_elements``)
 PROPHET_PARTITION = 4_000_000  # elements: Prophet's pieces in the queue; its own cuts size what is sent
 
 
@@ -106,13 +105,14 @@ def _prophet_settings(settings: Settings) -> Settings:
 
 def _prophet_atom_elements() -> int:
     """Elements per fixed atom where the backend needs stable slices (``Backend.use_atoms``):
-    ``BYTEPS_PROPHET_ATOM_ELEMENTS``, default 250 k. On a parameter server a piece's pull follows its
+    ``BYTEPS_PROPHET_ATOM_ELEMENTS``, default a quarter of ByteScheduler's default partition (250 k, as
+    the MXNet store's atoms, docs/MXNET.md). On a parameter server a piece's pull follows its
     push, so the step ends a few pieces' pushes and pulls after the last byte is ready: finer atoms
     shorten that tail. vgg 200 Mbit/s, Prophet/BS: 250 k 1.065x, 500 k 1.021x, 1 M 0.974x; the
     compute-bound resnet showed no difference beyond its noise (docs/AB.md section 11)."""
-    from byteps_prophet.core.settings import elements_from_env
+    from byteps_prophet.core.settings import DEFAULT_PARTITION, elements_from_env
 
-    return elements_from_env("BYTEPS_PROPHET_ATOM_ELEMENTS", ATOM_ELEMENTS)
+    return elements_from_env("BYTEPS_PROPHET_ATOM_ELEMENTS", DEFAULT_PARTITION // 4)
 
 
 class _Param:
