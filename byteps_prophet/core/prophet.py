@@ -59,6 +59,13 @@ Two modes:
            more stage there: push, the request's wait, pull. With two, every completion came a push
            later than modelled and the hold kept too little queued: a 41 MB burst in 1 MB pieces
            took 56 ms in memory where 45 suffice (tests/core/test_prophet_default.py).
+           A late peer: on a parameter server a piece completes only once every worker has pushed
+           it, so while a slower worker is behind every completion is late and the model's lag
+           grows, though this worker's own uplink is idle. Only an early completion (negative lag)
+           moves the first stage there; the later stages keep the lag. torch BytePS, resnet
+           compute-bound: with the lag on every stage, pieces ready 0.2-1.5 s before the end of
+           backward waited for the peer's completions and half the iterations ended 0.3-1.0 s after
+           the slower worker's backward (ByteScheduler: 0.01 s; docs/AB.md section 12).
 """
 from __future__ import annotations
 
@@ -81,6 +88,10 @@ class Prophet(ByteScheduler):
     # arrive before then (True), or only those pending now (False: the rule before, which cut chunks
     # for arrivals even when the link was busy to the end anyway; kept so the benchmark can show it).
     count_arrivals_to_come = True
+    # Whether, on a parameter server, only an early completion moves the model's first stage (True),
+    # or a late one too (False: the rule before, which held this worker's pushes while a slower peer
+    # made every completion late; kept so the tests can show it).
+    peer_lag_spares_pushes = True
 
     def __init__(self, settings, clock, transport, on_done=None) -> None:
         super().__init__(settings.replace(credit_tuning=False), clock, transport, on_done)
@@ -235,6 +246,7 @@ class Prophet(ByteScheduler):
         # per dispatch (again after a synchronous transport's events); the link model and the
         # backlog move with every send.
         lag, stage_free, finishes = self._lag, self._stage_free, self._finishes
+        lag0 = self._first_stage_lag(lag)
         first_ready, pace, upcoming = self._first_ready, self._pace, self._upcoming
         next_ready = first_ready + pace * self._order_offsets[upcoming] if upcoming < len(self._order) else None
         end = first_ready + pace * self._span
@@ -245,7 +257,7 @@ class Prophet(ByteScheduler):
         hold = self._hold_after_backward or not self._backward_done
         bandwidth = None  # read on the first send: most calls find the link busy and send nothing
         while queue:
-            start = stage_free[0] + lag  # when the first stage of the link can take it
+            start = stage_free[0] + lag0  # when the first stage of the link can take it
             if start < now + latency:
                 start = now + latency
             if hold and self.in_flight_count:
@@ -290,14 +302,16 @@ class Prophet(ByteScheduler):
             # the piece before it, for ``cost + bytes / bandwidth``.
             service, done = cost + piece.nbytes / bandwidth, now + latency
             for j, free in enumerate(stage_free):
-                free += lag
+                shift = lag0 if j == 0 else lag
+                free += shift
                 done = (free if free > done else done) + service
-                stage_free[j] = done - lag
+                stage_free[j] = done - shift
             finishes.append((piece, done - lag))
             self.credit -= piece.numel
             self._start(piece)
             if self._dispatch_again:  # a synchronous transport delivered events: re-read what they move
                 lag, next_ready, end = self._lag, self._predicted_next_ready(), self._predicted_end()
+                lag0 = self._first_stage_lag(lag)
                 if self.count_arrivals_to_come:
                     to_come = self._bytes_from[self._upcoming]
 
@@ -312,6 +326,14 @@ class Prophet(ByteScheduler):
                 self._lag = self.clock.now() - predicted
                 del self._finishes[k]
                 break
+
+    def _first_stage_lag(self, lag: float) -> float:
+        """How far the link's first stage runs behind the model. On a parameter server a piece
+        completes only once every worker has pushed it, so a completion late because a peer is behind
+        says nothing of this worker's own push: there only an early completion moves the first stage."""
+        if self.peer_lag_spares_pushes and self._serializations > 1 and lag > 0:
+            return 0.0
+        return lag
 
     def _predicted_end(self) -> float:
         return self._first_ready + self._pace * self._span

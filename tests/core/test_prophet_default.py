@@ -5,6 +5,7 @@ import itertools
 import pytest
 
 from byteps_prophet.core import ByteScheduler, ManualClock, Prophet, Settings, Task
+from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.sim.engine import ClusterSpec, Layer, Simulation
 
 COST = 50e-6
@@ -333,6 +334,74 @@ def test_pull_requests_behind_pushes_keep_the_uplink_busy():
     finishes = {index: t - 5 * period for (it, index), t in done.items() if it == 5}
     pushed = sum(rows * cols * 4 for _, _, (rows, cols) in arrivals) / BANDWIDTH  # 40.7 ms of pushes
     # every byte pushed back to back, then the last megabyte pulled: 44-45 ms (a two-stage model kept
-    # too little queued and took 56 ms; ByteScheduler with a 1 MB credit of 250 k-element pieces, 47 ms)
-    assert max(finishes.values()) < pushed + 0.0055
+    # too little queued and took 56 ms; ByteScheduler with a 1 MB credit of 250 k-element pieces, 47 ms).
+    # 46.3 ms since a late completion no longer delays the first stage (45.5 before; the price of not
+    # holding pushes for a slow peer, test_a_late_peer_does_not_hold_this_workers_pushes)
+    assert max(finishes.values()) < pushed + 0.006
     assert finishes[0] < 0.0021 + 0.004  # gradient 0 still waits for about one piece, not the burst
+
+
+class LatePeerLink(PullRequestLink):
+    """``PullRequestLink`` with a second worker whose copy of every gradient is ready ``delay`` after
+    this one's: a key is pulled only once both workers have pushed it (over their own uplinks)."""
+
+    def __init__(self, loop: Loop, delay: float) -> None:
+        super().__init__(loop)
+        self.delay, self.peer_up_free = delay, 0.0
+        self.ready: dict[tuple[int, int], float] = {}
+
+    def send(self, task):
+        now = self.loop.clock.now()
+        self.sent.append((now, task))
+        service = COST + task.nbytes / BANDWIDTH
+        self.up_free = max(self.up_free, now) + service
+        peer_ready = self.ready[(task.iteration, task.index)] + self.delay
+        self.peer_up_free = max(self.peer_up_free, peer_ready, now) + service
+        self.loop.at(max(self.up_free, self.peer_up_free), self._request_pull, task)
+
+
+class ToldLink(BandwidthMonitor):
+    """The link's true rate and cost, whatever the completions say (isolates the link model's lag)."""
+
+    known = True
+    bytes_per_s = BANDWIDTH
+
+    def rate_and_cost(self):
+        return BANDWIDTH, COST
+
+
+@pytest.mark.parametrize("spares", [True, False])
+def test_a_late_peer_does_not_hold_this_workers_pushes(spares, monkeypatch):
+    """On a parameter server a piece completes only when every worker has pushed it, so with a peer
+    50 ms behind every completion comes late and the link model's lag grows. That says nothing of this
+    worker's own uplink: Prophet still pushes each gradient as it arrives, and the iteration ends one
+    piece's push and pull after the peer's last push (measured on torch/BytePS, resnet compute-bound:
+    with the lag on the first stage, pieces waited until the peer caught up, docs/AB.md section 12)."""
+    monkeypatch.setattr(Prophet, "peer_lag_spares_pushes", spares)
+    loop = Loop()
+    link = LatePeerLink(loop, delay=0.050)
+    scheduler = Prophet(Settings(scheduler="prophet"), loop.clock, link)
+    scheduler.bandwidth = ToldLink(serializations=2)
+    link.scheduler = scheduler
+    done = {}
+    scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
+    original_post = scheduler.post
+
+    def post(task):
+        link.ready[(task.iteration, task.index)] = loop.clock.now()
+        original_post(task)
+
+    scheduler.post = post
+    # compute-bound: a 4 MB gradient every 10 ms, each 4 ms on the link
+    arrivals = [(i, 0.010 * (9 - i), (1000, 1000)) for i in range(10)]
+    period = 0.3
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=period)
+    assert scheduler._plan is not None
+    t0 = 5 * period
+    waits = [t - link.ready[(5, task.index)] for t, task in link.sent if task.iteration == 5]
+    tail = max(t for (it, _), t in done.items() if it == 5) - (t0 + 0.090 + 0.050)
+    if spares:
+        assert max(waits) < 1e-3  # pushed on arrival
+        assert tail < 2 * (COST + 4e6 / BANDWIDTH) - 0.002  # the last piece's push and pull, about 5 ms
+    else:  # the lagged model held pieces for completions, and the last ones ended later
+        assert max(waits) > 0.050 and tail > 0.015
