@@ -1,0 +1,44 @@
+"""scripts/trace_tails.py on a two-rank trace written here."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "trace_tails.py"
+
+
+def _trace(path, events):
+    path.write_text(json.dumps({"meta": {}, "events": events}))
+
+
+def _op(it, submit, done):
+    return ["op", it, 0, 0, 1, 1000, submit, submit, done, None, None, None]
+
+
+def test_tail_is_measured_from_the_slowest_workers_end_of_backward(tmp_path):
+    rank0 = tmp_path / "prophet_r0.trace.json"
+    # iteration 0: rank 1 ends backward 0.5 s after rank 0; one piece held until 0.7, done at 0.8
+    _trace(rank0, [["ready", 0, 1, 1000, 0.0], ["ready", 0, 0, 1000, 1.0], ["eob", 0, 1.0],
+                   _op(0, 0.0, 0.2), _op(0, 1.7, 1.8), ["wait", 1, 0, 1.8, 1.9],
+                   ["ready", 1, 0, 1000, 2.0], ["eob", 1, 2.0], _op(1, 2.0, 2.1)])
+    _trace(tmp_path / "prophet_r0.trace.rank1.json",
+           [["ready", 0, 1, 1000, 0.1], ["ready", 0, 0, 1000, 1.5], ["eob", 0, 1.5],
+            ["ready", 1, 0, 1000, 2.0], ["eob", 1, 2.05]])
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(rank0), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["ranks"] == 2
+    first, second = result["rows"]
+    assert first["backward_s"] == [1.0, 1.4] and first["slowest_after_rank0_s"] == 0.5
+    assert first["tail_s"] == 0.3 and first["submitted_after"] == 1
+    assert first["next_forward_wait_s"] == [0.1, 0.0]
+    assert second["tail_s"] == 0.05 and second["submitted_after"] == 0
+    assert result["summary"]["iterations_with_held_pieces"] == 1
+
+
+def test_a_file_that_is_not_a_trace_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("[1, 2]")
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "not a trace file" in proc.stderr and "Traceback" not in proc.stderr
