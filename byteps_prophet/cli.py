@@ -2,12 +2,15 @@
 
 Each room of the package that offers a command has a ``cli.py`` with ``register(subparsers)``; the
 parser it adds sets ``func(args) -> int``. Errors a user can fix (``UserError``) are printed as one
-line and exit with status 2, like argparse's own usage errors.
+line and exit with status 2, like argparse's own usage errors. Ctrl-C and SIGTERM (``kill``, a CI
+timeout) unwind like an exception, so every command tears down what it started (a cluster's
+processes, namespaces and qdiscs) before it exits with 130 or 143.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from byteps_prophet import __version__
@@ -39,9 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the main thread is, so that ``with`` blocks and ``finally`` clean up."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args) or 0)
     except UserError as err:
@@ -50,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"byteps-prophet {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"byteps-prophet {args.command}: terminated", file=sys.stderr)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

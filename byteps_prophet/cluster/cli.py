@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 
@@ -86,20 +85,13 @@ def run_command(args) -> int:
                 print(f"    {key}={value}")
         return 0
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)
     started = time.monotonic()
-    try:
-        with cluster:
-            up = time.monotonic() - started
-            print(cluster.describe(), file=sys.stderr)
-            print(f"cluster: hosts up in {up:.2f}s; running {'COMMAND' if command else 'the compose worker command'} "
-                  f"on {cluster.num_workers} workers", file=sys.stderr, flush=True)
-            result = cluster.run(command or None, env=env, timeout=args.timeout)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with cluster:  # SIGTERM unwinds through here too (byteps_prophet.cli)
+        up = time.monotonic() - started
+        print(cluster.describe(), file=sys.stderr)
+        print(f"cluster: hosts up in {up:.2f}s; running {'COMMAND' if command else 'the compose worker command'} "
+              f"on {cluster.num_workers} workers", file=sys.stderr, flush=True)
+        result = cluster.run(command or None, env=env, timeout=args.timeout)
     total = time.monotonic() - started
     if result.ok:
         print(f"cluster: {result.reason}; run {result.elapsed:.2f}s, torn down after {total:.2f}s",

@@ -321,3 +321,30 @@ def test_latency_uses_netem_or_refuses_clearly(leftovers):
         qdisc = subprocess.run(["tc", "-n", cluster.host("worker-0").netns, "qdisc", "show", "dev", "eth0"],
                                capture_output=True, text=True).stdout
         assert "netem" in qdisc and "delay 1ms" in qdisc and "rate 100Mbit" in qdisc
+
+
+def test_sigterm_to_an_ab_run_tears_its_cluster_down(leftovers):
+    """``kill`` of a running A/B (or a CI timeout) must not leave its namespaces and roles behind:
+    before, SIGTERM ended the controller at once and the cluster stayed up."""
+    proc = subprocess.Popen([sys.executable, "-m", "byteps_prophet", "ab", "--model", "mlp", "--steps", "200",
+                             "--warmup", "1", "--rounds", "1", "--no-tune", "--variants", "fifo"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    leftovers.owners.add(proc.pid)
+    prefix = f"{netns.PREFIX}-{proc.pid}-"
+    deadline = time.monotonic() + 60
+    while not _processes_with(f"BYTEPS_PROPHET_CLUSTER={prefix}".encode()) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.2)
+    assert any(ns.startswith(prefix) for ns in netns.list_namespaces()), "the A/B never started its cluster"
+    time.sleep(1.0)
+    started = time.monotonic()
+    proc.terminate()
+    try:
+        out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError("the A/B was still running 20 s after SIGTERM") from None
+    assert proc.returncode == 143, err[-2000:]
+    assert "byteps-prophet ab: terminated" in err
+    print(f"A/B terminated and its cluster torn down in {time.monotonic() - started:.2f}s")
