@@ -224,6 +224,16 @@ def _cli(*args: str, **popen) -> subprocess.Popen:
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
+def _ended_within(proc: subprocess.Popen, seconds: float, signal_name: str) -> tuple[str, str]:
+    """The process's output once it has exited; fails (and kills it) if it runs ``seconds`` longer."""
+    try:
+        return proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"still running {seconds:g} s after {signal_name}") from None
+
+
 def test_a_killed_worker_ends_the_run_naming_it(leftovers):
     started = time.monotonic()
     proc = _cli("--engine", "mxnet", "--timeout", "25", "--", "sh", "-c",
@@ -275,12 +285,7 @@ def test_ctrl_c_tears_everything_down(leftovers):
     assert "hosts up" in seen, seen
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    try:
-        out, err = proc.communicate(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise AssertionError("the cluster was still up 15 s after Ctrl-C") from None
+    out, err = _ended_within(proc, 15, "Ctrl-C")
     assert proc.returncode == 130, err
     assert "interrupted" in err
 
@@ -339,12 +344,7 @@ def test_sigterm_to_an_ab_run_tears_its_cluster_down(leftovers):
     time.sleep(1.0)
     started = time.monotonic()
     proc.terminate()
-    try:
-        out, err = proc.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise AssertionError("the A/B was still running 20 s after SIGTERM") from None
+    out, err = _ended_within(proc, 20, "SIGTERM")
     assert proc.returncode == 143, err[-2000:]
     assert "byteps-prophet ab: terminated" in err
     print(f"A/B terminated and its cluster torn down in {time.monotonic() - started:.2f}s")
