@@ -21,7 +21,7 @@ import sys
 
 
 def load(path: str) -> dict[int, dict]:
-    """Per iteration: ready times, end of backward, ops (rank 0's fields), forward waits, step end."""
+    """Per iteration: ready times, end of backward, ops (submit and completion times), forward waits."""
     try:
         with open(path) as f:
             events = json.load(f)["events"]
