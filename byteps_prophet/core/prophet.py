@@ -66,6 +66,15 @@ Two modes:
            compute-bound: with the lag on every stage, pieces ready 0.2-1.5 s before the end of
            backward waited for the peer's completions and half the iterations ended 0.3-1.0 s after
            the slower worker's backward (ByteScheduler: 0.01 s; docs/AB.md section 12).
+           In flight under the credit, where pulls follow pushes: BytePS does not serve the ops in
+           flight as the model's FIFO stages but together (its partitions go to several servers at
+           once, whose engine threads share the cores), and every completion waits for the slowest
+           worker's push, so its completions read as a start-up latency of 140-160 ms that lets the
+           hold send whatever is ready, and gradient 0 waits for all of it. torch BytePS, vgg
+           1 Gbit/s: 10-42 MB in flight at the end of backward (ByteScheduler: 17, its credit),
+           gradient 0 done 0.36-0.62 s after it (0.32-0.39). There ByteScheduler's credit bounds
+           what is in flight too, as it does ByteScheduler's; within it the hold and the cuts still
+           decide what goes and how large (docs/AB.md section 13).
 """
 from __future__ import annotations
 
@@ -92,6 +101,9 @@ class Prophet(ByteScheduler):
     # or a late one too (False: the rule before, which held this worker's pushes while a slower peer
     # made every completion late; kept so the tests can show it).
     peer_lag_spares_pushes = True
+    # Whether, where pulls follow pushes, ByteScheduler's credit also bounds what is in flight (True),
+    # or only the link model's hold does (False: the rule before, kept so the tests can show it).
+    credit_bounds_flight = True
 
     def __init__(self, settings, clock, transport, on_done=None) -> None:
         super().__init__(settings.replace(credit_tuning=False), clock, transport, on_done)
@@ -101,6 +113,7 @@ class Prophet(ByteScheduler):
         # Keep holding after the end of backward where sending everything would queue the pulls'
         # requests behind all of it (module docstring, "End of backward").
         self._hold_after_backward = bool(getattr(transport, "pulls_follow_pushes", False))
+        self._flight_under_credit = self._hold_after_backward and self.credit_bounds_flight
         # Cuts end on multiples of this many elements' rows (0: any row), for engines where each
         # distinct slice is a key to set up (the BytePS backend's fixed atoms): see ``_rows_for``.
         self.cut_elements = 0
@@ -255,8 +268,11 @@ class Prophet(ByteScheduler):
         # already in flight overlap; 0 unless the monitor measures one, as in the simulator).
         latency = self.bandwidth.latency
         hold = self._hold_after_backward or not self._backward_done
+        under_credit = self._flight_under_credit
         bandwidth = None  # read on the first send: most calls find the link busy and send nothing
         while queue:
+            if under_credit and self.credit <= 0:
+                return  # module docstring, "In flight under the credit"
             start = stage_free[0] + lag0  # when the first stage of the link can take it
             if start < now + latency:
                 start = now + latency

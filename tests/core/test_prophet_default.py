@@ -380,7 +380,9 @@ def test_a_late_peer_does_not_hold_this_workers_pushes(spares, monkeypatch):
     monkeypatch.setattr(Prophet, "peer_lag_spares_pushes", spares)
     loop = Loop()
     link = LatePeerLink(loop, delay=0.050)
-    scheduler = Prophet(Settings(scheduler="prophet"), loop.clock, link)
+    # a credit that never binds: the link model's lag alone decides (the credit would hold pieces
+    # here as it holds ByteScheduler's, test_where_pulls_follow_pushes_the_credit_bounds_...)
+    scheduler = Prophet(Settings(scheduler="prophet", credit=10**9), loop.clock, link)
     scheduler.bandwidth = ToldLink(serializations=2)
     link.scheduler = scheduler
     done = {}
@@ -405,3 +407,63 @@ def test_a_late_peer_does_not_hold_this_workers_pushes(spares, monkeypatch):
         assert tail < 2 * (COST + 4e6 / BANDWIDTH) - 0.002  # the last piece's push and pull, about 5 ms
     else:  # the lagged model held pieces for completions, and the last ones ended later
         assert max(waits) > 0.050 and tail > 0.015
+
+
+class CountingPullRequestLink(PullRequestLink):
+    """``PullRequestLink`` that records, per iteration, the most elements in flight at once."""
+
+    def __init__(self, loop: Loop) -> None:
+        super().__init__(loop)
+        self.in_flight = 0
+        self.max_in_flight: dict[int, int] = {}
+
+    def send(self, task):
+        self.in_flight += task.numel
+        self.max_in_flight[task.iteration] = max(self.max_in_flight.get(task.iteration, 0), self.in_flight)
+        super().send(task)
+
+    def _request_pull(self, task):
+        requested = max(self.up_free, self.loop.clock.now())
+        self.down_free = max(self.down_free, requested) + COST + task.nbytes / BANDWIDTH
+        self.loop.at(self.down_free, self._finished, task)
+
+    def _finished(self, task):
+        self.in_flight -= task.numel
+        self.scheduler.finished(task)
+
+
+def run_burst_with_a_large_latency(bounded, monkeypatch, credit):
+    """vgg-like burst on a ``CountingPullRequestLink`` whose monitor reports BytePS's 150 ms start-up
+    latency: two 16 MB layers, then smaller ones, gradient 0 last at 10 ms. Returns the last
+    iteration's finish times and the link."""
+    monkeypatch.setattr(Prophet, "credit_bounds_flight", bounded)
+    loop = Loop()
+    link = CountingPullRequestLink(loop)
+    scheduler = Prophet(Settings(scheduler="prophet", credit=credit, partition=250_000), loop.clock, link)
+    scheduler.bandwidth = ToldLink(serializations=2)
+    scheduler.bandwidth.latency = 0.150
+    link.scheduler = scheduler
+    done = {}
+    scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
+    arrivals = [(4, 0.0, (4000, 1000)), (3, 0.002, (4000, 1000)), (2, 0.006, (1200, 1000)),
+                (1, 0.008, (300, 1000)), (0, 0.010, (2, 1000))]
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=0.2)
+    assert scheduler._plan is not None
+    finishes = {index: t - 5 * 0.2 for (it, index), t in done.items() if it == 5}
+    assert len(finishes) == 5
+    return finishes, link
+
+
+def test_where_pulls_follow_pushes_the_credit_bounds_what_is_in_flight(monkeypatch):
+    """BytePS's completions read as a start-up latency of 140-160 ms (torch BytePS vgg 1 Gbit/s,
+    docs/AB.md section 13), which lets the hold send everything pending once backward ends; every
+    pull is then requested behind all of those pushes. There ByteScheduler's credit bounds what
+    Prophet has in flight too: at most the credit and one piece, and the iteration ends sooner."""
+    credit = 2_000_000  # elements: 8 MB
+    finishes, link = run_burst_with_a_large_latency(True, monkeypatch, credit)
+    flooded, unbounded = run_burst_with_a_large_latency(False, monkeypatch, credit)
+    piece = max(task.numel for _, task in link.sent)
+    assert link.max_in_flight[5] <= credit + piece
+    assert unbounded.max_in_flight[5] > 3 * credit  # the rule before: the whole burst in flight
+    assert max(finishes.values()) < max(flooded.values()) - 0.015  # 47 ms against 71
+    assert finishes[0] <= flooded[0]
