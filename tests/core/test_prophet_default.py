@@ -285,7 +285,10 @@ class PullRequestLink:
     def _request_pull(self, task):
         requested = max(self.up_free, self.loop.clock.now())  # behind what was pushed before now
         self.down_free = max(self.down_free, requested) + COST + task.nbytes / BANDWIDTH
-        self.loop.at(self.down_free, self.scheduler.finished, task)
+        self.loop.at(self.down_free, self._finished, task)
+
+    def _finished(self, task):
+        self.scheduler.finished(task)
 
 
 @pytest.mark.parametrize("told", [True, False])
@@ -422,21 +425,15 @@ class CountingPullRequestLink(PullRequestLink):
         self.max_in_flight[task.iteration] = max(self.max_in_flight.get(task.iteration, 0), self.in_flight)
         super().send(task)
 
-    def _request_pull(self, task):
-        requested = max(self.up_free, self.loop.clock.now())
-        self.down_free = max(self.down_free, requested) + COST + task.nbytes / BANDWIDTH
-        self.loop.at(self.down_free, self._finished, task)
-
     def _finished(self, task):
         self.in_flight -= task.numel
         self.scheduler.finished(task)
 
 
-def run_burst_with_a_large_latency(bounded, monkeypatch, credit):
+def run_burst_with_a_large_latency(credit):
     """vgg-like burst on a ``CountingPullRequestLink`` whose monitor reports BytePS's 150 ms start-up
     latency: two 16 MB layers, then smaller ones, gradient 0 last at 10 ms. Returns the last
     iteration's finish times and the link."""
-    monkeypatch.setattr(Prophet, "credit_bounds_flight", bounded)
     loop = Loop()
     link = CountingPullRequestLink(loop)
     scheduler = Prophet(Settings(scheduler="prophet", credit=credit, partition=250_000), loop.clock, link)
@@ -460,8 +457,9 @@ def test_where_pulls_follow_pushes_the_credit_bounds_what_is_in_flight(monkeypat
     pull is then requested behind all of those pushes. There ByteScheduler's credit bounds what
     Prophet has in flight too: at most the credit and one piece, and the iteration ends sooner."""
     credit = 2_000_000  # elements: 8 MB
-    finishes, link = run_burst_with_a_large_latency(True, monkeypatch, credit)
-    flooded, unbounded = run_burst_with_a_large_latency(False, monkeypatch, credit)
+    finishes, link = run_burst_with_a_large_latency(credit)
+    monkeypatch.setattr(Prophet, "credit_bounds_flight", False)
+    flooded, unbounded = run_burst_with_a_large_latency(credit)
     piece = max(task.numel for _, task in link.sent)
     assert link.max_in_flight[5] <= credit + piece
     assert unbounded.max_in_flight[5] > 3 * credit  # the rule before: the whole burst in flight
