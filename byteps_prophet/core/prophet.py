@@ -71,7 +71,7 @@ Two modes:
            once, whose engine threads share the cores), and every completion waits for the slowest
            worker's push, so its completions read as a start-up latency of 140-160 ms that lets the
            hold send whatever is ready, and gradient 0 waits for all of it. torch BytePS, vgg
-           1 Gbit/s: 10-42 MB in flight at the end of backward (ByteScheduler: 17, its credit),
+           1 Gbit/s: 2.5-42 MB in flight at the end of backward (ByteScheduler: 17, its credit),
            gradient 0 done 0.36-0.62 s after it (0.32-0.39). There ByteScheduler's credit bounds
            what is in flight too, as it does ByteScheduler's; within it the hold and the cuts still
            decide what goes and how large (docs/AB.md section 13).
