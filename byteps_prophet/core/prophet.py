@@ -75,6 +75,13 @@ Two modes:
            gradient 0 done 0.36-0.62 s after it (0.32-0.39). There ByteScheduler's credit bounds
            what is in flight too, as it does ByteScheduler's; within it the hold and the cuts still
            decide what goes and how large (docs/AB.md section 13).
+           Chunks where pulls follow pushes: a chunk's pulls start only once its last byte is
+           pushed, before the last arrival as after it, so while the link is backlogged through the
+           end of backward each chunk is also at most the drain chunk for the bytes still to push
+           (pending and to come). Cut to end at the predicted end of backward instead, chunks of
+           8-16 MB carried 16% of the bytes (torch BytePS, vgg 1 Gbit/s) and push and pull took
+           turns; with BytePS's per-message cost read as about 0, each chunk is now one atom
+           (docs/AB.md section 14).
 """
 from __future__ import annotations
 
@@ -104,6 +111,10 @@ class Prophet(ByteScheduler):
     # Whether, where pulls follow pushes, ByteScheduler's credit also bounds what is in flight (True),
     # or only the link model's hold does (False: the rule before, kept so the tests can show it).
     credit_bounds_flight = True
+    # Whether, where pulls follow pushes, a chunk cut for a backlog through the end of backward is also
+    # at most the drain chunk for the bytes still to push (True), or not (False: the rule before, kept
+    # so the tests can show it).
+    chunks_trail_pulls = True
 
     def __init__(self, settings, clock, transport, on_done=None) -> None:
         super().__init__(settings.replace(credit_tuning=False), clock, transport, on_done)
@@ -114,6 +125,7 @@ class Prophet(ByteScheduler):
         # requests behind all of it (module docstring, "End of backward").
         self._hold_after_backward = bool(getattr(transport, "pulls_follow_pushes", False))
         self._flight_under_credit = self._hold_after_backward and self.credit_bounds_flight
+        self._chunks_trail_pulls = self._hold_after_backward and self.chunks_trail_pulls and self._serializations > 1
         # Cuts end on multiples of this many elements' rows (0: any row), for engines where each
         # distinct slice is a key to set up (the BytePS backend's fixed atoms): see ``_rows_for``.
         self.cut_elements = 0
@@ -289,6 +301,7 @@ class Prophet(ByteScheduler):
                 bandwidth, cost = self.bandwidth.rate_and_cost()
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
                 cap = self.settings.max_chunk_bytes or math.inf
+                stages = self._serializations - 1
             # Bytes for the chunk that starts on the link at ``start`` (module docstring); an arrival
             # can reach the link ``latency`` after it happens.
             if start < end + latency:
@@ -296,9 +309,12 @@ class Prophet(ByteScheduler):
                     chunk = bandwidth * (next_ready + latency - start - cost)  # done before the next arrival
                 else:
                     chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
+                    if self._chunks_trail_pulls:  # module docstring, "Chunks where pulls follow pushes"
+                        trailing = math.sqrt((self.pending_bytes + to_come) * bandwidth * cost / stages)
+                        if chunk > trailing:
+                            chunk = trailing
             else:
                 if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
-                    stages = self._serializations - 1
                     self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
                 chunk = self._drain_chunk
             if chunk < floor:

@@ -465,3 +465,37 @@ def test_where_pulls_follow_pushes_the_credit_bounds_what_is_in_flight(monkeypat
     assert unbounded.max_in_flight[5] > 3 * credit  # the rule before: the whole burst in flight
     assert max(finishes.values()) < max(flooded.values()) - 0.015  # 47 ms against 71
     assert finishes[0] <= flooded[0]
+
+
+def run_backlogged_burst():
+    """vgg-like burst on a ``PullRequestLink``, backlogged past the end of backward (37 MB, 37 ms of
+    pushes, arriving over 10 ms), gradients queued whole. Returns the last iteration's finish times
+    and the link."""
+    loop = Loop()
+    link = PullRequestLink(loop)
+    scheduler = Prophet(Settings(scheduler="prophet", credit=10**9, partition=10**9), loop.clock, link)
+    link.scheduler = scheduler
+    done = {}
+    scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
+    arrivals = [(3, 0.0, (4000, 1000)), (2, 0.002, (4000, 1000)), (1, 0.006, (1200, 1000)),
+                (0, 0.010, (2, 1000))]
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=0.2)
+    assert scheduler._plan is not None
+    finishes = {index: t - 5 * 0.2 for (it, index), t in done.items() if it == 5}
+    assert len(finishes) == 4
+    return finishes, link
+
+
+def test_where_pulls_follow_pushes_every_chunk_is_sized_for_its_pulls(monkeypatch):
+    """Where a pull is requested only once its push is done, a chunk's pulls start after its last
+    byte is pushed, before the last arrival as after it. Cut to end at the predicted end of backward,
+    chunks were 10 MB and push and pull took turns; sized as the drain chunks (the per-message cost
+    against the pulls trailing the pushes), they overlap, and the iteration and gradient 0 end sooner."""
+    finishes, link = run_backlogged_burst()
+    monkeypatch.setattr(Prophet, "chunks_trail_pulls", False)
+    before, long_link = run_backlogged_burst()
+    largest = max(task.nbytes for _, task in link.sent if task.iteration == 5)
+    largest_before = max(task.nbytes for _, task in long_link.sent if task.iteration == 5)
+    assert largest < 2e6 and largest_before > 8e6  # 1.2 MB against 9.9 MB
+    assert max(finishes.values()) < max(before.values()) - 0.010  # 43 ms (37 of pushes) against 59
+    assert finishes[0] < before[0] - 0.010  # gradient 0: 13 ms against 31
