@@ -76,11 +76,11 @@ Two modes:
            what is in flight too, as it does ByteScheduler's; within it the hold and the cuts still
            decide what goes and how large (docs/AB.md section 13).
            Chunks where pulls follow pushes: a chunk's pulls start only once its last byte is
-           pushed, before the last arrival as after it, so while the link is backlogged through the
-           end of backward each chunk is also at most the drain chunk for the bytes still to push
-           (pending and to come). Cut to end at the predicted end of backward instead, chunks of
-           8-16 MB carried 16% of the bytes (torch BytePS, vgg 1 Gbit/s) and push and pull took
-           turns; with BytePS's per-message cost read as about 0, each chunk is now one atom
+           pushed, before the last arrival as after it. Cut to end at the predicted end of backward
+           while the link is backlogged, chunks of 8-16 MB carried 16% of the bytes (torch BytePS,
+           vgg 1 Gbit/s) and push and pull took turns; there they are now at most 2 MiB
+           (``TRAILING_CHUNK_BYTES``). The drain chunk would be the derived size, but BytePS's
+           per-message cost reads as about 0, which makes it one atom: measured worse at 200 Mbit/s
            (docs/AB.md section 14).
 """
 from __future__ import annotations
@@ -96,6 +96,7 @@ from byteps_prophet.core.task import Task, atom_grid, atom_rows
 MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
 PACE_LIMITS = (0.5, 2.0)
+TRAILING_CHUNK_BYTES = 2 * 1024 * 1024  # where pulls follow pushes: module docstring
 
 
 class Prophet(ByteScheduler):
@@ -111,9 +112,8 @@ class Prophet(ByteScheduler):
     # Whether, where pulls follow pushes, ByteScheduler's credit also bounds what is in flight (True),
     # or only the link model's hold does (False: the rule before, kept so the tests can show it).
     credit_bounds_flight = True
-    # Whether, where pulls follow pushes, a chunk cut for a backlog through the end of backward is also
-    # at most the drain chunk for the bytes still to push (True), or not (False: the rule before, kept
-    # so the tests can show it).
+    # Whether, where pulls follow pushes, a chunk cut for a backlog through the end of backward is at
+    # most ``TRAILING_CHUNK_BYTES`` (True), or not (False: the rule before, kept so the tests can show it).
     chunks_trail_pulls = True
 
     def __init__(self, settings, clock, transport, on_done=None) -> None:
@@ -301,7 +301,6 @@ class Prophet(ByteScheduler):
                 bandwidth, cost = self.bandwidth.rate_and_cost()
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
                 cap = self.settings.max_chunk_bytes or math.inf
-                stages = self._serializations - 1
             # Bytes for the chunk that starts on the link at ``start`` (module docstring); an arrival
             # can reach the link ``latency`` after it happens.
             if start < end + latency:
@@ -309,12 +308,11 @@ class Prophet(ByteScheduler):
                     chunk = bandwidth * (next_ready + latency - start - cost)  # done before the next arrival
                 else:
                     chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
-                    if self._chunks_trail_pulls:  # module docstring, "Chunks where pulls follow pushes"
-                        trailing = math.sqrt((self.pending_bytes + to_come) * bandwidth * cost / stages)
-                        if chunk > trailing:
-                            chunk = trailing
+                    if self._chunks_trail_pulls and chunk > TRAILING_CHUNK_BYTES:
+                        chunk = TRAILING_CHUNK_BYTES  # module docstring, "Chunks where pulls follow pushes"
             else:
                 if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
+                    stages = self._serializations - 1
                     self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
                 chunk = self._drain_chunk
             if chunk < floor:
