@@ -125,7 +125,7 @@ class Prophet(ByteScheduler):
         # requests behind all of it (module docstring, "End of backward").
         self._hold_after_backward = bool(getattr(transport, "pulls_follow_pushes", False))
         self._flight_under_credit = self._hold_after_backward and self.credit_bounds_flight
-        self._chunks_trail_pulls = self._hold_after_backward and self.chunks_trail_pulls and self._serializations > 1
+        self._chunks_trail_pulls = self._hold_after_backward and self.chunks_trail_pulls
         # Cuts end on multiples of this many elements' rows (0: any row), for engines where each
         # distinct slice is a key to set up (the BytePS backend's fixed atoms): see ``_rows_for``.
         self.cut_elements = 0
