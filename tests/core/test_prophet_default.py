@@ -431,25 +431,31 @@ class CountingPullRequestLink(PullRequestLink):
         self.scheduler.finished(task)
 
 
+def run_burst(link, arrivals, latency=0.0, **settings):
+    """Six iterations of ``arrivals`` on ``link`` (a ``PullRequestLink``), Prophet told the link's true
+    rate and cost and a start-up latency of ``latency``. Returns the last iteration's finish times."""
+    loop = link.loop
+    scheduler = Prophet(Settings(scheduler="prophet", **settings), loop.clock, link)
+    scheduler.bandwidth = ToldLink(serializations=2)
+    scheduler.bandwidth.latency = latency
+    link.scheduler = scheduler
+    done = {}
+    scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=0.2)
+    assert scheduler._plan is not None
+    finishes = {index: t - 5 * 0.2 for (it, index), t in done.items() if it == 5}
+    assert len(finishes) == len(arrivals)
+    return finishes
+
+
 def run_burst_with_a_large_latency(credit):
     """vgg-like burst on a ``CountingPullRequestLink`` whose monitor reports BytePS's 150 ms start-up
     latency: two 16 MB layers, then smaller ones, gradient 0 last at 10 ms. Returns the last
     iteration's finish times and the link."""
-    loop = Loop()
-    link = CountingPullRequestLink(loop)
-    scheduler = Prophet(Settings(scheduler="prophet", credit=credit, partition=250_000), loop.clock, link)
-    scheduler.bandwidth = ToldLink(serializations=2)
-    scheduler.bandwidth.latency = 0.150
-    link.scheduler = scheduler
-    done = {}
-    scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
+    link = CountingPullRequestLink(Loop())
     arrivals = [(4, 0.0, (4000, 1000)), (3, 0.002, (4000, 1000)), (2, 0.006, (1200, 1000)),
                 (1, 0.008, (300, 1000)), (0, 0.010, (2, 1000))]
-    run_iterations(scheduler, loop, arrivals, iterations=6, period=0.2)
-    assert scheduler._plan is not None
-    finishes = {index: t - 5 * 0.2 for (it, index), t in done.items() if it == 5}
-    assert len(finishes) == 5
-    return finishes, link
+    return run_burst(link, arrivals, latency=0.150, credit=credit, partition=250_000), link
 
 
 def test_where_pulls_follow_pushes_the_credit_bounds_what_is_in_flight(monkeypatch):
@@ -472,20 +478,10 @@ def run_backlogged_burst():
     """vgg-like burst on a ``PullRequestLink``, backlogged past the end of backward (37 MB, 37 ms of
     pushes, arriving over 10 ms), gradients queued whole. Returns the last iteration's finish times
     and the link."""
-    loop = Loop()
-    link = PullRequestLink(loop)
-    scheduler = Prophet(Settings(scheduler="prophet", credit=10**9, partition=10**9), loop.clock, link)
-    scheduler.bandwidth = ToldLink(serializations=2)
-    link.scheduler = scheduler
-    done = {}
-    scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
+    link = PullRequestLink(Loop())
     arrivals = [(3, 0.0, (4000, 1000)), (2, 0.002, (4000, 1000)), (1, 0.006, (1200, 1000)),
                 (0, 0.010, (2, 1000))]
-    run_iterations(scheduler, loop, arrivals, iterations=6, period=0.2)
-    assert scheduler._plan is not None
-    finishes = {index: t - 5 * 0.2 for (it, index), t in done.items() if it == 5}
-    assert len(finishes) == 4
-    return finishes, link
+    return run_burst(link, arrivals, credit=10**9, partition=10**9), link
 
 
 def test_where_pulls_follow_pushes_every_chunk_is_sized_for_its_pulls(monkeypatch):
