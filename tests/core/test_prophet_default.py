@@ -484,11 +484,11 @@ def run_backlogged_burst():
     return run_burst(link, arrivals, credit=10**9, partition=10**9), link
 
 
-def test_where_pulls_follow_pushes_every_chunk_is_sized_for_its_pulls(monkeypatch):
+def test_where_pulls_follow_pushes_a_backlog_chunk_is_sized_for_its_pulls(monkeypatch):
     """Where a pull is requested only once its push is done, a chunk's pulls start after its last
-    byte is pushed, before the last arrival as after it. Cut to end at the predicted end of backward,
-    chunks were 10 MB and push and pull took turns; at most 2 MiB, they overlap, and the iteration and
-    gradient 0 end sooner."""
+    byte is pushed, before the last arrival as after it. Cut to end at the predicted end of backward
+    while the link is backlogged, chunks were 10 MB and push and pull took turns; at most 2 MiB, they
+    overlap, and the iteration and gradient 0 end sooner."""
     finishes, link = run_backlogged_burst()
     monkeypatch.setattr(Prophet, "chunks_trail_pulls", False)
     before, long_link = run_backlogged_burst()
