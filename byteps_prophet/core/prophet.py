@@ -82,6 +82,11 @@ Two modes:
            (``TRAILING_CHUNK_BYTES``). The drain chunk would be the derived size, but BytePS's
            per-message cost reads as about 0, which makes it one atom: measured worse at 200 Mbit/s
            (docs/AB.md section 14).
+           Wakeups: the hold waits for the next event, and a completion can come later than the
+           model says (a peer behind, a lag read before the iteration fell behind); the pieces held
+           then waited for it on an idle uplink. So the hold also asks for a tick (``on_wakeup``) at
+           the last moment a piece sent then reaches the link as it frees: the link never idles for
+           a late event (docs/AB.md section 15).
 """
 from __future__ import annotations
 
@@ -296,6 +301,9 @@ class Prophet(ByteScheduler):
                 if next_ready is not None and next_ready > now and next_ready < event:
                     event = next_ready
                 if start > (event if event > now else now) + latency:
+                    # That event can come late (a peer behind, a lag read before it fell behind): woken
+                    # at the last moment a piece sent reaches the link as it frees, it never idles.
+                    self._wake_at(start - latency)
                     return
             if bandwidth is None:
                 bandwidth, cost = self.bandwidth.rate_and_cost()

@@ -10,6 +10,11 @@ It answers by calling ``transport.send(slice)`` for each slice it starts, and ``
 every row of a gradient is synchronised (so the parameter can be updated). It owns no thread and
 reads time only from its injected clock; callers serialise calls (one lock in the plugins, one
 event loop in the simulator). ``transport.send`` may call ``finished`` before returning.
+
+A scheduler that holds pieces for a coming event (Prophet) may also ask for a timer: it calls
+``on_wakeup(t)``, which the caller sets (a plugin's ``WakeupTimer`` thread, the simulator's event
+loop), and the caller then calls ``tick()`` at clock time ``t``, whatever else happened meanwhile.
+Without ``on_wakeup`` (None) the scheduler just waits for its next event.
 """
 from __future__ import annotations
 
@@ -50,6 +55,8 @@ class Scheduler:
         self.in_flight_count = 0
         self._dispatching = False
         self._dispatch_again = False
+        self.on_wakeup: Callable[[float], None] | None = None
+        self._wakeup_asked: float | None = None
 
     # -- events -------------------------------------------------------------------------------------
     def post(self, task: Task) -> None:
@@ -85,6 +92,10 @@ class Scheduler:
         self._on_end_of_backward(iteration)
         self._kick()
 
+    def tick(self) -> None:
+        """A time asked for with ``on_wakeup`` has come."""
+        self._kick()
+
     # -- what subclasses change ---------------------------------------------------------------------
     def _on_ready(self, task: Task) -> None:
         self._start(task.slice(0, task.shape[0]))
@@ -112,6 +123,12 @@ class Scheduler:
         self.in_flight_count += 1
         self.bandwidth.on_send(piece, now)
         self.transport.send(piece)
+
+    def _wake_at(self, t: float) -> None:
+        """Ask for ``tick()`` at ``t`` (once per distinct time; a stale tick only dispatches again)."""
+        if self.on_wakeup is not None and t != self._wakeup_asked:
+            self._wakeup_asked = t
+            self.on_wakeup(t)
 
     def _kick(self) -> None:
         """Run the dispatcher until it settles; re-entrant calls (a synchronous transport) fold in."""

@@ -51,6 +51,7 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from byteps_prophet.backends.link import install_link_monitor
+from byteps_prophet.backends.wakeup import WakeupTimer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.core.settings import elements_from_env
 from byteps_prophet.core.task import atom_grid
@@ -155,6 +156,9 @@ class ScheduledKVStore(KVStoreBase):
             install_link_monitor(self.scheduler, self.serializations)
             if self.settings.scheduler == "prophet":  # slices finer than an atom only cost sends
                 self.scheduler.cut_elements = self._atom
+        self._timer = WakeupTimer(self._clock, self._tick, self._fail) if self.leader else None
+        if self._timer is not None:
+            self.scheduler.on_wakeup = self._timer.request
         self._gate = EngineGate()
         self._keys: dict[Any, _Key] = {}
         self._next_atom_key = 0
@@ -474,6 +478,11 @@ class ScheduledKVStore(KVStoreBase):
         except BaseException as err:
             self._fail(err)
 
+    def _tick(self) -> None:  # the wakeup timer's thread
+        with self._lock:
+            self.scheduler.tick()
+        self._after_lock()
+
     def _trace(self, kind: str, *fields) -> None:
         if self._timeline is not None:
             self._timeline.append((round(time.monotonic() - self._t0, 6), kind, *fields))
@@ -533,6 +542,8 @@ class ScheduledKVStore(KVStoreBase):
             self._stopping = True
             self._cv.notify_all()
         self._probe.join(timeout=5)
+        if self._timer is not None:
+            self._timer.close()
         if self._timeline_path:
             import json
             with open(self._timeline_path, "w") as f:

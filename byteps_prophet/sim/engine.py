@@ -126,6 +126,7 @@ class Simulation:
             self.network = RingAllReduceNetwork(cluster.workers, self.conditions, cluster.overhead,
                                                 cluster.latency, self.loop.at, self.loop.now)
         self.scheduler = make_scheduler(settings, self.loop, self.network, self._on_synced)
+        self.scheduler.on_wakeup = lambda t: self.loop.at(t, self._tick)
         self.network.on_finished = self._on_piece_finished
         self._sent: list[Task] = []
         self._trace = SpanLog(trace_iteration) if trace_iteration is not None else None
@@ -180,6 +181,9 @@ class Simulation:
         if self._trace is not None and self._traced(piece):
             self._trace.pieces.append((piece.index, piece.key, piece.start_time, self.loop.time))
         self.scheduler.finished(piece)
+
+    def _tick(self, _=None) -> None:
+        self.scheduler.tick()
 
     def _on_synced(self, task: Task) -> None:
         if self._trace is not None and self._traced(task):

@@ -44,6 +44,7 @@ from byteps_prophet.backends import Backend, make_backend
 from byteps_prophet.backends.base import BackendError, Op
 from byteps_prophet.backends.link import install_link_monitor
 from byteps_prophet.backends.sync import Synchroniser
+from byteps_prophet.backends.wakeup import WakeupTimer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.torch.compression import Compression
@@ -186,8 +187,11 @@ class _Engine:
             atom = backend.use_atoms(_prophet_atom_elements())
             if self.scheduler is not None:
                 self.scheduler.cut_elements = atom
+        self._timer = None
         if self.scheduler is not None:
             install_link_monitor(self.scheduler, backend.serializations)
+            self._timer = WakeupTimer(self.clock, self._tick, self._on_error)
+            self.scheduler.on_wakeup = self._timer.request
         self._done: list[_Param] = []
         self.sync = Synchroniser(backend, self._on_op_finished, self._on_error)
 
@@ -323,6 +327,11 @@ class _Engine:
         self._outstanding[task.iteration] -= 1
         if task.iteration < self.iteration or self._backward_ended:
             self._maybe_end_iteration(task.iteration)
+
+    def _tick(self) -> None:  # the wakeup timer's thread: a tick only sends, nothing completes
+        with self.lock:
+            if not self.closed:
+                self.scheduler.tick()
 
     # -- completions (waiter thread) -------------------------------------------------------------------
     def _on_op_finished(self, op: Op) -> None:
@@ -534,6 +543,8 @@ class _Engine:
             self.closed = True
             for h in self._hooks + self._global_hooks:
                 h.remove()
+            if self._timer is not None:
+                self._timer.close()
             self.sync.close()
             self.save_trace()
             try:

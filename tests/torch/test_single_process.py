@@ -150,3 +150,29 @@ def test_scheduler_sees_the_backends_link():
         assert scheduler.bandwidth.serializations == 2
     finally:
         opt.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_scheduler_is_woken_when_it_asks_and_close_stops_the_timer():
+    """Prophet asks for a tick when it holds a piece for an event that may come late
+    (core/scheduler.py, ``on_wakeup``): the plugin's timer calls it, and closing stops the thread."""
+    import threading
+
+    model = build("mlp")
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), list(model.named_parameters()),
+                               scheduler="prophet", backend="local")
+    scheduler = opt._bpp.scheduler
+    ticked = threading.Event()
+    original_tick = scheduler.tick
+
+    def tick():
+        original_tick()
+        ticked.set()
+
+    scheduler.tick = tick
+    try:
+        scheduler._wake_at(scheduler.clock.now() + 0.05)
+        assert ticked.wait(5.0)
+    finally:
+        opt.close()
+    assert not opt._bpp._timer._thread.is_alive()
