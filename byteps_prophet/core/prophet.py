@@ -76,12 +76,12 @@ Two modes:
            what is in flight too, as it does ByteScheduler's; within it the hold and the cuts still
            decide what goes and how large (docs/AB.md section 13).
            Chunks where pulls follow pushes: a chunk's pulls start only once its last byte is
-           pushed, before the last arrival as after it. Cut to end at the predicted end of backward
-           while the link is backlogged, chunks of 8-16 MB carried 16% of the bytes (torch BytePS,
-           vgg 1 Gbit/s) and push and pull took turns; there they are now at most 2 MiB
-           (``TRAILING_CHUNK_BYTES``). The drain chunk would be the derived size, but BytePS's
-           per-message cost reads as about 0, which makes it one atom: measured worse at 200 Mbit/s
-           (docs/AB.md section 14).
+           pushed, before the last arrival as after it, so there every chunk is at most 2 MiB
+           (``TRAILING_CHUNK_BYTES``, the default of ``max_chunk_bytes``). Cut to end at the
+           predicted end of backward while the link is backlogged, chunks of 8-16 MB carried 16% of
+           the bytes (torch BytePS, vgg 1 Gbit/s) and push and pull took turns. The drain chunk
+           would be the derived size, but BytePS's per-message cost reads as about 0, which makes it
+           one atom: measured worse at 200 Mbit/s (docs/AB.md section 14).
            Wakeups: the hold waits for the next event, and a completion can come later than the
            model says (a peer behind, a lag read before the iteration fell behind); the pieces held
            then waited for it on an idle uplink. So the hold also asks for a tick (``on_wakeup``) at
@@ -117,8 +117,8 @@ class Prophet(ByteScheduler):
     # Whether, where pulls follow pushes, ByteScheduler's credit also bounds what is in flight (True),
     # or only the link model's hold does (False: the rule before, kept so the tests can show it).
     credit_bounds_flight = True
-    # Whether, where pulls follow pushes, a chunk cut for a backlog through the end of backward is at
-    # most ``TRAILING_CHUNK_BYTES`` (True), or not (False: the rule before, kept so the tests can show it).
+    # Whether, where pulls follow pushes, every chunk is at most ``TRAILING_CHUNK_BYTES`` (True), or
+    # not (False: the rule before, kept so the tests can show it).
     chunks_trail_pulls = True
 
     def __init__(self, settings, clock, transport, on_done=None) -> None:
@@ -130,7 +130,8 @@ class Prophet(ByteScheduler):
         # requests behind all of it (module docstring, "End of backward").
         self._hold_after_backward = bool(getattr(transport, "pulls_follow_pushes", False))
         self._flight_under_credit = self._hold_after_backward and self.credit_bounds_flight
-        self._chunks_trail_pulls = self._hold_after_backward and self.chunks_trail_pulls
+        # module docstring, "Chunks where pulls follow pushes"
+        self._default_cap = TRAILING_CHUNK_BYTES if self._hold_after_backward and self.chunks_trail_pulls else math.inf
         # Cuts end on multiples of this many elements' rows (0: any row), for engines where each
         # distinct slice is a key to set up (the BytePS backend's fixed atoms): see ``_rows_for``.
         self.cut_elements = 0
@@ -308,7 +309,7 @@ class Prophet(ByteScheduler):
             if bandwidth is None:
                 bandwidth, cost = self.bandwidth.rate_and_cost()
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
-                cap = self.settings.max_chunk_bytes or math.inf
+                cap = self.settings.max_chunk_bytes or self._default_cap
             # Bytes for the chunk that starts on the link at ``start`` (module docstring); an arrival
             # can reach the link ``latency`` after it happens.
             if start < end + latency:
@@ -316,8 +317,6 @@ class Prophet(ByteScheduler):
                     chunk = bandwidth * (next_ready + latency - start - cost)  # done before the next arrival
                 else:
                     chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
-                    if self._chunks_trail_pulls and chunk > TRAILING_CHUNK_BYTES:
-                        chunk = TRAILING_CHUNK_BYTES  # module docstring, "Chunks where pulls follow pushes"
             else:
                 if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
                     stages = self._serializations - 1

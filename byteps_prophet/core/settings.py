@@ -31,7 +31,7 @@ class Settings:
     profile_iterations: int = 3  # iterations whose ready times make one profile (median per gradient)
     drift_tolerance: float = 0.25  # re-profile when the pattern or bandwidth moves by more than this
     min_chunk_bytes: int = 0  # 0 = derive from measured per-message cost and bandwidth
-    max_chunk_bytes: int = 0  # 0 = derive from the partition size
+    max_chunk_bytes: int = 0  # 0 = no cap (2 MiB where pulls follow pushes: core/prophet.py)
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
