@@ -93,7 +93,9 @@ class Scheduler:
         self._kick()
 
     def tick(self) -> None:
-        """A time asked for with ``on_wakeup`` has come."""
+        """A time asked for with ``on_wakeup`` has come. A timer may keep only its earliest time, so
+        whatever the dispatch still needs is asked for again."""
+        self._wakeup_asked = None
         self._kick()
 
     # -- what subclasses change ---------------------------------------------------------------------
@@ -125,7 +127,8 @@ class Scheduler:
         self.transport.send(piece)
 
     def _wake_at(self, t: float) -> None:
-        """Ask for ``tick()`` at ``t`` (once per distinct time; a stale tick only dispatches again)."""
+        """Ask for ``tick()`` at ``t`` (once between ticks per distinct time; a stale tick only
+        dispatches again)."""
         if self.on_wakeup is not None and t != self._wakeup_asked:
             self._wakeup_asked = t
             self.on_wakeup(t)

@@ -52,3 +52,18 @@ def test_set_credit_keeps_what_is_in_flight_charged(harness):
     assert h.scheduler.credit == 0
     h.scheduler.set_credit(300)
     assert h.scheduler.credit == 200
+
+
+def test_a_time_asked_for_again_after_a_tick_reaches_the_timer(harness):
+    """``on_wakeup`` is passed each time once between ticks. The plugins' timer keeps only its earliest
+    time, so a later time asked for before a tick is dropped there; after the tick the scheduler
+    must pass it on again, or it would wait for a tick that never comes."""
+    scheduler = harness(scheduler="fifo").scheduler
+    asked = []
+    scheduler.on_wakeup = asked.append
+    scheduler._wake_at(1.0)
+    scheduler._wake_at(2.0)  # a timer keeping the earliest time drops this one
+    scheduler._wake_at(2.0)  # the same time once between ticks
+    scheduler.tick()  # at 1.0
+    scheduler._wake_at(2.0)
+    assert asked == [1.0, 2.0, 2.0]
