@@ -51,7 +51,7 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from byteps_prophet.backends.link import install_link_monitor
-from byteps_prophet.backends.wakeup import WakeupTimer
+from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.core.settings import elements_from_env
 from byteps_prophet.core.task import atom_grid
@@ -156,9 +156,7 @@ class ScheduledKVStore(KVStoreBase):
             install_link_monitor(self.scheduler, self.serializations)
             if self.settings.scheduler == "prophet":  # slices finer than an atom only cost sends
                 self.scheduler.cut_elements = self._atom
-        self._timer = WakeupTimer(self._clock, self._tick, self._fail) if self.leader else None
-        if self._timer is not None:
-            self.scheduler.on_wakeup = self._timer.request
+        self._timer = install_wakeup_timer(self.scheduler, self._tick, self._fail) if self.leader else None
         self._gate = EngineGate()
         self._keys: dict[Any, _Key] = {}
         self._next_atom_key = 0

@@ -44,7 +44,7 @@ from byteps_prophet.backends import Backend, make_backend
 from byteps_prophet.backends.base import BackendError, Op
 from byteps_prophet.backends.link import install_link_monitor
 from byteps_prophet.backends.sync import Synchroniser
-from byteps_prophet.backends.wakeup import WakeupTimer
+from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.torch.compression import Compression
@@ -190,8 +190,7 @@ class _Engine:
         self._timer = None
         if self.scheduler is not None:
             install_link_monitor(self.scheduler, backend.serializations)
-            self._timer = WakeupTimer(self.clock, self._tick, self._on_error)
-            self.scheduler.on_wakeup = self._timer.request
+            self._timer = install_wakeup_timer(self.scheduler, self._tick, self._on_error)
         self._done: list[_Param] = []
         self.sync = Synchroniser(backend, self._on_op_finished, self._on_error)
 

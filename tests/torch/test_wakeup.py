@@ -53,3 +53,13 @@ def test_a_failing_tick_is_reported_once_and_ends_the_timer():
     timer._thread.join(2.0)
     assert not timer._thread.is_alive() and [str(e) for e in errors] == ["send failed"]
     timer.close()
+
+
+def test_no_thread_until_a_scheduler_asks():
+    """FIFO and ByteScheduler never ask for a tick: their runs keep the threads they had."""
+    clock, timer, _, _, tick_seen = make_timer()
+    assert timer._thread is None
+    timer.request(clock.now())
+    assert tick_seen.wait(2.0) and timer._thread.is_alive()
+    timer.close()
+    assert not timer._thread.is_alive()
