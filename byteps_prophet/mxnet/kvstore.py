@@ -22,6 +22,11 @@ iteration and no slice waits on a later one. Each atom is pulled into its own bu
 variable, so waiting for one atom never waits for another). When every row of a gradient is
 synchronised the atoms' buffers are copied into ``out`` under the gate and the gate completes.
 
+One worker, the leader, schedules; it announces each atom it issues over an order channel
+(``SocketChannel``), and the other workers issue the same atoms in that order, each once their own
+gradient is staged (a key completes only when every worker pushed it, so a follower's order decides
+as much as the leader's).
+
 Atoms: FIFO one per tensor (what MXNet does), ByteScheduler its partitions, Prophet a grid of
 ``PROPHET_MXNET_ATOM_ELEMENTS``-element runs of rows from row 0 (default partition / 4), so its finer
 cuts are honoured; its cuts end on the same grid (``Prophet.cut_elements``): a slice finer than an
@@ -50,7 +55,10 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
+from byteps_prophet.backends.base import BackendError
+from byteps_prophet.backends.channel import SocketChannel
 from byteps_prophet.backends.link import install_link_monitor
+from byteps_prophet.backends.torch_dist import timeout_s
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.core.settings import elements_from_env
@@ -59,6 +67,7 @@ from byteps_prophet.errors import UserError
 from byteps_prophet.mxnet.engine import EngineGate, copy_raw
 
 ATOM_ENV = "PROPHET_MXNET_ATOM_ELEMENTS"
+ORDER_PORT_DEFAULT = 29512
 IDLE_CLOSE_S = 0.1  # no pushpull for this long closes the step (unused parameters never come)
 _IDLE, _SENT, _DONE = 0, 1, 2
 
@@ -113,6 +122,7 @@ class _Key:
         self.pbufs: list[mx.nd.NDArray] = []
         self.pulled: list[mx.nd.NDArray] = []
         self.last: "_Sync | None" = None
+        self.syncs = 0  # synchronisations registered so far: the same count on every worker
 
     def atoms_between(self, row_start: int, row_end: int) -> range:
         lo = bisect.bisect_right(self.starts, row_start) - 1
@@ -131,6 +141,10 @@ class _Sync:
         self.waiting: list[list[Task]] = [[] for _ in key.atoms]
         self.sent_count = 0
         self.after_pull: list[mx.nd.NDArray] = []  # a plain pull of this key to finish first
+        self.seq = 0  # which synchronisation of its key this is (every worker counts the same)
+        self.ready = False  # its gradient is staged (the probe saw it)
+        self.announced: list[int] = []  # follower: atoms the leader sent, not issued here yet
+        self.atoms_done = 0
         self.all_sent = threading.Event()
         self.done = threading.Event()  # rows synchronised and copied into ``outs``
 
@@ -144,12 +158,15 @@ class ScheduledKVStore(KVStoreBase):
         self.serializations = 2  # a push then a pull cross the link
         self._lock = threading.RLock()  # the scheduler and every call into the real store
         self._clock = clock or MonotonicClock()
-        # As in ByteScheduler's PS plugins, only one worker (the leader, see is_leader) schedules; the
-        # others send each gradient's atoms as soon as it is ready. In dist_sync a key's round
-        # completes only when every worker pushed it, so two workers each holding a window of keys the
-        # other has not sent yet would wait for each other forever; the leader's order becomes the
-        # global order instead.
+        # Only one worker (the leader, see is_leader) schedules. In dist_sync a key's round completes
+        # only when every worker pushed it, so two workers each holding a window of keys the other has
+        # not sent yet would wait for each other forever; the leader's order becomes the global order.
+        # The others issue the leader's atoms in that order, each once their own copy is ready (they
+        # "mirror" it): a follower that sent every gradient when ready would queue its bulk ahead of
+        # the urgent pieces the leader held back.
         self.leader = is_leader(kvstore)
+        self._channel = self._order_channel()
+        self._mirror = self._channel is not None and not self.leader
         local = self.settings if self.leader else self.settings.replace(scheduler="fifo")
         self.scheduler = make_scheduler(local, self._clock, self, self._on_done)
         if self.leader:  # ps-lite/BytePS ops pay a start-up latency that ops in flight overlap
@@ -159,6 +176,10 @@ class ScheduledKVStore(KVStoreBase):
         self._timer = install_wakeup_timer(self.scheduler, self._tick, self._fail) if self.leader else None
         self._gate = EngineGate()
         self._keys: dict[Any, _Key] = {}
+        # Followers, under _lock: synchronisations by (key order, count) with atoms not all issued, and
+        # the leader's announcements for ones not registered here yet.
+        self._open: dict[tuple[int, int], _Sync] = {}
+        self._parked: dict[tuple[int, int], list[int]] = {}
         self._next_atom_key = 0
         self._optimizer = None
         self._optimizer_keys = -1  # how many atoms the optimizer sent to the servers knows
@@ -179,12 +200,37 @@ class ScheduledKVStore(KVStoreBase):
         self.steps_closed_idle = 0
         self._blocked = 0
         # PROPHET_MXNET_TIMELINE=PATH: the leader writes (seconds, event, gradient, iteration[, rows])
-        # for every ready/send/atom_done/done to PATH (JSON) at close, to see where a step's time goes.
-        self._timeline_path = os.environ.get("PROPHET_MXNET_TIMELINE") if self.leader else None
+        # for every ready/send/issue/atom_done/done to PATH (JSON) at close, to see where a step's time
+        # goes; every other worker writes its own to PATH.rank<ps-lite rank>.
+        self._timeline_path = os.environ.get("PROPHET_MXNET_TIMELINE")
+        if self._timeline_path and not self.leader:
+            self._timeline_path += f".rank{self.rank}"
         self._timeline: list | None = [] if self._timeline_path else None
         self._t0 = time.monotonic()
         self._probe = threading.Thread(target=self._probe_loop, name="bpp-mx-probe", daemon=True)
         self._probe.start()
+        self._order_lost = False
+        self._follower = None
+        if self._mirror:
+            self._follower = threading.Thread(target=self._follow_loop, name="bpp-mx-order", daemon=True)
+            self._follower.start()
+
+    def _order_channel(self) -> SocketChannel | None:
+        """Worker 0 announces its order to the others over a socket at ``MASTER_ADDR:MASTER_PORT``
+        (the cluster sets both); FIFO needs no order, and without ``MASTER_ADDR`` the followers send
+        each gradient when it is ready, as before (said once, by the leader)."""
+        if self.settings.scheduler == "fifo" or "dist" not in self.type or self.num_workers < 2:
+            return None
+        addr = os.environ.get("MASTER_ADDR", "").strip()
+        if not addr:
+            if self.leader:
+                sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
+                                 "each gradient when it is ready, not in the scheduler's order\n")
+            return None
+        port = os.environ.get("MASTER_PORT", str(ORDER_PORT_DEFAULT)).strip()
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise UserError(f"MASTER_PORT={port!r} is invalid; valid: a TCP port number")
+        return SocketChannel(addr, int(port), self.leader, self.num_workers - 1, timeout_s())
 
     # -- KVStoreBase surface -------------------------------------------------------------------------
     @property
@@ -316,6 +362,8 @@ class ScheduledKVStore(KVStoreBase):
 
     def _register(self, key, values: list, outs: list, priority: int) -> None:
         self._raise_error()
+        if self._order_lost:
+            raise RuntimeError("ScheduledKVStore: worker 0 closed the order channel (it finished or left)")
         entry = self._entry(key)
         with self._cv:
             if key in self._step_keys:  # the same key again: a new step began
@@ -339,6 +387,12 @@ class ScheduledKVStore(KVStoreBase):
         with self._cv:
             sync = _Sync(entry, outs, token, index, self._iteration)
             sync.after_pull, entry.pulled = entry.pulled, []
+            entry.syncs += 1
+            sync.seq = entry.syncs
+            if self._mirror:
+                with self._lock:
+                    self._open[entry.order, sync.seq] = sync
+                    sync.announced = self._parked.pop((entry.order, sync.seq), [])
             entry.last = sync
             self._step.append(sync)
             self._step_keys.add(key)
@@ -418,13 +472,47 @@ class ScheduledKVStore(KVStoreBase):
                     sync.key.gstage.wait_to_read()
                     with self._lock:
                         self._trace("ready", sync.task.name, iteration)
-                        self.scheduler.post(sync.task)
+                        sync.ready = True
+                        if self._mirror:
+                            self._issue_announced(sync)
+                        else:
+                            self.scheduler.post(sync.task)
                     self._after_lock()
-                with self._lock:
-                    self.scheduler.end_of_backward(iteration)
-                self._after_lock()
+                if not self._mirror:
+                    with self._lock:
+                        self.scheduler.end_of_backward(iteration)
+                    self._after_lock()
         except BaseException as err:  # surfaced on the next call
             self._fail(err)
+
+    # -- followers: the leader's order ---------------------------------------------------------------
+    def _follow_loop(self) -> None:
+        """Read the leader's announcements; issue each atom once this worker's gradient is ready."""
+        try:
+            while True:
+                records = self._channel.get()
+                with self._lock:
+                    for order, seq, j in records:
+                        sync = self._open.get((order, seq))
+                        if sync is None:  # not registered here yet
+                            self._parked.setdefault((order, seq), []).append(j)
+                            continue
+                        sync.announced.append(j)
+                        if sync.ready:
+                            self._issue_announced(sync)
+        except BaseException as err:
+            if self._stopping:
+                return
+            with self._lock:
+                self._order_lost = True
+                waiting = len(self._open) + len(self._parked)
+            if waiting or not isinstance(err, BackendError):
+                self._fail(err)
+
+    def _issue_announced(self, sync: _Sync) -> None:  # with _lock held, the gradient staged
+        announced, sync.announced = sync.announced, []
+        for j in announced:
+            self._issue(sync, j, sync.task.index)
 
     # -- the transport the scheduler drives --------------------------------------------------------------
     def send(self, piece: Task) -> None:  # called with _lock held
@@ -432,6 +520,7 @@ class ScheduledKVStore(KVStoreBase):
         sync: _Sync = piece.root.payload
         entry = sync.key
         waiting = 0
+        issued = []
         for j in entry.atoms_between(piece.row_start, piece.row_end):
             if sync.state[j] == _DONE:
                 continue
@@ -439,6 +528,9 @@ class ScheduledKVStore(KVStoreBase):
             sync.waiting[j].append(piece)
             if sync.state[j] == _IDLE:
                 self._issue(sync, j, piece.index)
+                issued.append([entry.order, sync.seq, j])
+        if issued and self._channel is not None:
+            self._channel.put(issued)
         self._pending[id(piece)] = waiting
         if waiting == 0:
             del self._pending[id(piece)]
@@ -448,10 +540,12 @@ class ScheduledKVStore(KVStoreBase):
         entry = sync.key
         row_start, row_end, atom_key = entry.atoms[j]
         sync.state[j] = _SENT
+        self._trace("issue", sync.task.name, sync.task.iteration, j, sync.seq)
         target = entry.abufs[j]
         self._transfer(atom_key, entry.gstage[row_start:row_end], target, -index)
         sync.sent_count += 1
         if sync.sent_count == len(entry.atoms):
+            self._open.pop((entry.order, sync.seq), None)
             sync.all_sent.set()
         self._waiters.submit(self._wait_atom, sync, j, target)
 
@@ -466,6 +560,9 @@ class ScheduledKVStore(KVStoreBase):
             with self._lock:
                 self._trace("atom_done", sync.task.name, sync.task.iteration, *sync.key.atoms[j][:2])
                 sync.state[j] = _DONE
+                sync.atoms_done += 1
+                if self._mirror and sync.atoms_done == len(sync.key.atoms):
+                    self._on_done(sync.task)
                 pieces, sync.waiting[j] = sync.waiting[j], []
                 for piece in pieces:
                     self._pending[id(piece)] -= 1
@@ -542,10 +639,15 @@ class ScheduledKVStore(KVStoreBase):
         self._probe.join(timeout=5)
         if self._timer is not None:
             self._timer.close()
+        if self._channel is not None:
+            self._channel.close()
+        if self._follower is not None:
+            self._follower.join(timeout=5)
         if self._timeline_path:
             import json
             with open(self._timeline_path, "w") as f:
-                json.dump({"scheduler": self.scheduler.name, "events": self._timeline}, f)
+                json.dump({"scheduler": self.settings.scheduler, "leader": self.leader, "mirror": self._mirror,
+                           "t0": self._t0, "events": self._timeline}, f)
         self._waiters.shutdown(wait=True)
 
     def _entry(self, key) -> _Key:

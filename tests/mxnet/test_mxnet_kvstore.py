@@ -216,14 +216,47 @@ def test_unused_parameters_do_not_hang(tmp_path):
     assert result.elapsed < 120
 
 
+def _issues(path: Path) -> dict:
+    """(gradient, synchronisation, atom) -> absolute time each was issued, from one worker's timeline."""
+    data = json.loads(path.read_text())
+    issued = {}
+    for t, kind, name, _iteration, *rest in data["events"]:
+        if kind == "issue":
+            atom, seq = rest
+            assert (name, seq, atom) not in issued, f"{path.name}: {name} atom {atom} issued twice"
+            issued[name, seq, atom] = data["t0"] + t
+    return issued
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(200)
-def test_dead_worker_ends_the_run_naming_it(tmp_path):
-    env = {"BYTEPS_SCHEDULER": "prophet", "BPP_STEPS": "50", "BPP_DIE_AT": "3:1"}
+@pytest.mark.timeout(300)
+def test_followers_issue_the_leaders_atoms_after_it(tmp_path):
+    """Worker 1 issues each atom only once worker 0 (the leader) has: the order channel. Under a
+    one-partition credit the leader holds most atoms back; a follower that sent every gradient when
+    ready (before the channel) issued most of them first. Values stay those of FIFO."""
+    timeline = tmp_path / "timeline.json"
+    values, _ = _train(tmp_path, "bs", "bytescheduler", BYTESCHEDULER_CREDIT="5000",
+                       PROPHET_MXNET_TIMELINE=str(timeline))
+    (follower_path,) = tmp_path.glob("timeline.json.rank*")
+    leader, follower = _issues(timeline), _issues(follower_path)
+    assert leader.keys() == follower.keys()
+    assert len(leader) > 50  # 8 steps of partitioned gradients
+    early = [k for k in leader if follower[k] < leader[k]]
+    assert not early, f"{len(early)} atoms issued by the follower before the leader, e.g. {early[:3]}"
+    fifo, _ = _train(tmp_path, "fifo", "fifo")
+    _assert_same(fifo, values, "fifo vs bytescheduler")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dying", ["1", "0"])
+def test_dead_worker_ends_the_run_naming_it(tmp_path, dying):
+    """Worker 0 is the leader that announces the order; worker 1 follows it."""
+    env = {"BYTEPS_SCHEDULER": "prophet", "BPP_STEPS": "50", "BPP_DIE_AT": f"3:{dying}"}
     t0 = time.monotonic()
     result = run_local([sys.executable, WORKER], workers=2, env=env, timeout=120)
     assert result.returncode == 3
-    assert result.failed.startswith("worker-")
+    assert result.failed == f"worker-{dying}"
     assert any("dying at step 3" in line for line in result.output[result.failed])
     assert time.monotonic() - t0 < 100
     assert "exited with status 3" in result.reason

@@ -1,6 +1,6 @@
 """Worker for the multi-process tests: K steps of a small Gluon net on fixed synthetic data, then
 saves the parameters to $BPP_OUT (worker 0; worker r to <$BPP_OUT without .npz>.rank<r>.npz).
-Knobs: BPP_STEPS, BPP_PLAIN=1 (unwrapped dist_sync store), BPP_DIE_AT=step:worker (that worker exits 3 at that step), BPP_UNUSED=1 (a parameter with
+Knobs: BPP_STEPS, BPP_PLAIN=1 (unwrapped dist_sync store), BPP_DIE_AT=step:worker (the worker with that DMLC_WORKER_ID exits 3 at that step), BPP_UNUSED=1 (a parameter with
 grad_req='null' and a block not in the graph), BPP_ON_KV=0 (optimizer on the worker),
 BPP_BACKEND=byteps (the scheduled store over byteps.mxnet; optimizer on the worker)."""
 import os
@@ -65,7 +65,7 @@ loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 rng = np.random.RandomState(100 + kv.rank)
 die = os.environ.get("BPP_DIE_AT")
 for step in range(steps):
-    if die and int(die.split(":")[1]) == kv.rank and int(die.split(":")[0]) == step:
+    if die and die.split(":")[1] == os.environ.get("DMLC_WORKER_ID") and int(die.split(":")[0]) == step:
         print(f"worker {kv.rank} dying at step {step}", flush=True)
         os._exit(3)
     x = mx.nd.array(rng.randn(16, 64))
