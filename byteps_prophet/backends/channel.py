@@ -144,7 +144,8 @@ class SocketChannel:
         self.closed.set()
         for conn in self._conns + ([self._conn] if self._conn is not None else []):
             with contextlib.suppress(OSError):  # closing alone would not wake a reader blocked in recv
-                socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
+                with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
             conn.close()
         if self._listener is not None:
             self._listener.close()
