@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import os
 
-from byteps_prophet.backends.base import Backend, BackendError, Op
+from byteps_prophet.backends.base import Backend, BackendError, Op, timeout_s
 from byteps_prophet.backends.channel import StoreChannel, make_store
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import ConfigError
@@ -60,7 +60,6 @@ class BytePSBackend(Backend):
             port = os.environ.get("MASTER_PORT", "29512")
             if not port.isdigit():
                 raise ConfigError(f"MASTER_PORT={port!r} is invalid; valid: a TCP port number")
-            from byteps_prophet.backends.torch_dist import timeout_s
 
             self._store = make_store(addr, int(port), self.rank, self.size, timeout_s())
 

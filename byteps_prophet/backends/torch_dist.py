@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from byteps_prophet.backends.base import Backend, BackendError, Op
+from byteps_prophet.backends.base import Backend, BackendError, Op, timeout_s
 from byteps_prophet.backends.channel import StoreChannel
 from byteps_prophet.errors import ConfigError
 
@@ -27,18 +27,6 @@ def env_rank_and_size(environ=None) -> tuple[int, int]:
     if not 0 <= rank < size:
         raise ConfigError(f"RANK={rank} is outside WORLD_SIZE={size}; valid: 0 <= RANK < WORLD_SIZE")
     return rank, size
-
-
-def timeout_s(environ=None) -> float:
-    env = os.environ if environ is None else environ
-    raw = env.get("BYTEPS_PROPHET_TIMEOUT", "300")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1
-    if value <= 0:
-        raise ConfigError(f"BYTEPS_PROPHET_TIMEOUT={raw!r} is invalid; valid: a positive number of seconds")
-    return value
 
 
 class TorchDistBackend(Backend):

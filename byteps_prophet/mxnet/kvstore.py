@@ -55,10 +55,9 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from byteps_prophet.backends.base import BackendError
+from byteps_prophet.backends.base import BackendError, timeout_s
 from byteps_prophet.backends.channel import SocketChannel
 from byteps_prophet.backends.link import install_link_monitor
-from byteps_prophet.backends.torch_dist import timeout_s
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.core.settings import elements_from_env
