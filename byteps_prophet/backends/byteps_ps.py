@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import os
 
-from byteps_prophet.backends.base import Backend, BackendError, Op, timeout_s
+from byteps_prophet.backends.base import ORDER_CHANNEL_PORT, Backend, BackendError, Op, master_port, timeout_s
 from byteps_prophet.backends.channel import StoreChannel, make_store
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import ConfigError
@@ -57,11 +57,8 @@ class BytePSBackend(Backend):
             if not addr:
                 raise ConfigError("backend byteps with several workers needs MASTER_ADDR (rank 0's address) "
                                   "for the order channel; valid: an address of worker 0")
-            port = os.environ.get("MASTER_PORT", "29512")
-            if not port.isdigit():
-                raise ConfigError(f"MASTER_PORT={port!r} is invalid; valid: a TCP port number")
-
-            self._store = make_store(addr, int(port), self.rank, self.size, timeout_s())
+            port = master_port(ORDER_CHANNEL_PORT)
+            self._store = make_store(addr, port, self.rank, self.size, timeout_s())
 
     def channel(self):
         return StoreChannel(self._store) if self._store is not None else None

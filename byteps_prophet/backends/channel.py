@@ -81,7 +81,6 @@ class SocketChannel:
     AUTHKEY = b"byteps-prophet-order"
 
     def __init__(self, host: str, port: int, leader: bool, followers: int, timeout_s: float = 300.0) -> None:
-        self.leader = leader
         self._expected = followers
         self._timeout_s = timeout_s
         self._conns: list = []

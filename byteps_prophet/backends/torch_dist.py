@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from byteps_prophet.backends.base import Backend, BackendError, Op, timeout_s
+from byteps_prophet.backends.base import Backend, BackendError, Op, master_port, timeout_s
 from byteps_prophet.backends.channel import StoreChannel
 from byteps_prophet.errors import ConfigError
 
@@ -48,16 +48,14 @@ class TorchDistBackend(Backend):
         if not dist.is_initialized():
             rank, size = env_rank_and_size()
             addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            port = os.environ.get("MASTER_PORT", "29500")
-            if not port.isdigit():
-                raise ConfigError(f"MASTER_PORT={port!r} is invalid; valid: a TCP port number")
+            port = master_port(29500)
             from byteps_prophet.backends.channel import make_store
 
             if self.name == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and os.environ.get("DMLC_INTERFACE"):
                 # In the cluster's namespaces the hostname resolves to loopback; use the host's link.
                 os.environ["GLOO_SOCKET_IFNAME"] = os.environ["DMLC_INTERFACE"]
 
-            store = make_store(addr, int(port), rank, size, timeout_s())
+            store = make_store(addr, port, rank, size, timeout_s())
             dist.init_process_group(self.name, store=store, rank=rank, world_size=size,
                                     timeout=timedelta(seconds=timeout_s()))
             self._owns_group = True

@@ -55,7 +55,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from byteps_prophet.backends.base import BackendError, timeout_s
+from byteps_prophet.backends.base import ORDER_CHANNEL_PORT, BackendError, master_port, timeout_s
 from byteps_prophet.backends.channel import SocketChannel
 from byteps_prophet.backends.link import install_link_monitor
 from byteps_prophet.backends.wakeup import install_wakeup_timer
@@ -66,7 +66,6 @@ from byteps_prophet.errors import UserError
 from byteps_prophet.mxnet.engine import EngineGate, copy_raw
 
 ATOM_ENV = "PROPHET_MXNET_ATOM_ELEMENTS"
-ORDER_PORT_DEFAULT = 29512
 IDLE_CLOSE_S = 0.1  # no pushpull for this long closes the step (unused parameters never come)
 _IDLE, _SENT, _DONE = 0, 1, 2
 
@@ -226,10 +225,7 @@ class ScheduledKVStore(KVStoreBase):
                 sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
                                  "each gradient when it is ready, not in the scheduler's order\n")
             return None
-        port = os.environ.get("MASTER_PORT", str(ORDER_PORT_DEFAULT)).strip()
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise UserError(f"MASTER_PORT={port!r} is invalid; valid: a TCP port number")
-        return SocketChannel(addr, int(port), self.leader, self.num_workers - 1, timeout_s())
+        return SocketChannel(addr, master_port(ORDER_CHANNEL_PORT), self.leader, self.num_workers - 1, timeout_s())
 
     # -- KVStoreBase surface -------------------------------------------------------------------------
     @property

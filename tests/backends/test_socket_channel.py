@@ -1,13 +1,14 @@
 """The MXNet stores' order channel: worker 0's records reach every follower, in order, and a lost or
-missing peer is a one-line error within the timeout, never a hang."""
+missing peer is a one-line error within the timeout, never a hang; where worker 0 listens."""
 import socket
 import threading
 import time
 
 import pytest
 
-from byteps_prophet.backends.base import BackendError
+from byteps_prophet.backends.base import BackendError, master_port
 from byteps_prophet.backends.channel import SocketChannel
+from byteps_prophet.errors import ConfigError
 
 
 def free_port() -> int:
@@ -96,3 +97,14 @@ def test_close_wakes_a_reader_blocked_in_another_thread():
     assert not reader.is_alive()
     assert errors == ["order channel closed"]
     leader.close()
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "70000", "-1", "12.5"])
+def test_an_invalid_master_port_is_a_one_line_error_naming_it(raw):
+    with pytest.raises(ConfigError, match=f"MASTER_PORT={raw!r} is invalid; valid: a TCP port number"):
+        master_port(29512, {"MASTER_PORT": raw})
+
+
+def test_master_port_defaults_when_unset():
+    assert master_port(29512, {}) == 29512
+    assert master_port(29512, {"MASTER_PORT": " 1234 "}) == 1234
