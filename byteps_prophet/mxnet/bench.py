@@ -176,6 +176,7 @@ def run(args: argparse.Namespace) -> dict | None:
     else:
         sync()
         start = time.monotonic()
+        cpu_start = time.process_time()
         ends = [start]
         for step in range(args.steps):
             one_step()
@@ -184,6 +185,7 @@ def run(args: argparse.Namespace) -> dict | None:
                 print(f"#progress {step + 1}", flush=True)
         sync()
         total = time.monotonic()
+        cpu_s = time.process_time() - cpu_start
         step_s = [b - a for a, b in zip(ends, ends[1:])]
         result.update({
             "steps": args.steps,
@@ -192,6 +194,9 @@ def run(args: argparse.Namespace) -> dict | None:
             "step_s": [round(s, 6) for s in step_s],
             "step_s_median": statistics.median(step_s),
             "flush_s": round(total - ends[-1], 6),
+            # this worker's CPU seconds (all its threads: compute, engine, store) per timed step: on a
+            # machine where workers and servers share cores, store overhead shows here first
+            "cpu_s_per_step": round(cpu_s / args.steps, 6),
         })
     if hasattr(kv, "stats"):
         result.update(kv.stats())
