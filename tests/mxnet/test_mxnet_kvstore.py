@@ -115,6 +115,7 @@ def test_bench_local_trains_alone_without_a_cluster():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["backend"] == "local" and out["workers"] == 1 and out["samples_per_s"] > 0
     assert len(out["step_s"]) == 2 and out["param_bytes"] > 0
+    assert 0 < out["cpu_s_per_step"] < 60  # the worker's CPU time per timed step, measured
 
 
 def test_bench_help_documents_the_arguments():
