@@ -102,3 +102,54 @@ class EngineGate:
         finally:
             fn, engine, param = callback
             _COMPLETE_FN(fn)(engine, param, None)
+
+
+_CPU_PRIORITIZED = ctypes.c_int(3)  # FnProperty::kCPUPrioritized: the engine's own priority workers
+
+
+class Notifier:
+    """``when_free(reads, writes, fn)`` runs ``fn()`` inside the engine as soon as every earlier write
+    of ``reads`` and every earlier use of ``writes`` is done (so ``fn`` may read and write them).
+
+    Why not ``wait_to_read`` in a thread: that pushes a normal-priority engine op, and while backward
+    keeps MXNet's CPU worker busy it waits behind compute, so a store would learn of a staged gradient
+    or a finished transfer only when backward ends. This op runs on the engine's prioritised CPU
+    workers and holds no thread while it waits; ``fn`` must be short. An exception in ``fn`` goes to
+    ``on_error`` and the engine goes on."""
+
+    _lock = threading.Lock()
+    _tokens = itertools.count(1)
+    _pending: dict[int, tuple[Callable[[], None], Callable[[BaseException], None]]] = {}
+
+    def __init__(self, on_error: Callable[[BaseException], None]) -> None:
+        self._on_error = on_error
+
+    def when_free(self, reads: Sequence[mx.nd.NDArray], writes: Sequence[mx.nd.NDArray],
+                  fn: Callable[[], None]) -> None:
+        token = next(Notifier._tokens)
+        with Notifier._lock:
+            Notifier._pending[token] = (fn, self._on_error)
+        const = (NDArrayHandle * len(reads))(*[a.handle for a in reads])
+        mutable = (NDArrayHandle * len(writes))(*[a.handle for a in writes])
+        ctx = (list(reads) + list(writes))[0].context
+        c_ctx = (ctypes.c_int * 2)(_DEV_TYPES.get(ctx.device_type, 1), ctx.device_id)
+        check_call(_LIB.MXEnginePushAsyncND(
+            _NOTIFY_FN, ctypes.c_void_p(token), None, ctypes.byref(c_ctx), const, len(reads), mutable,
+            len(writes), ctypes.byref(_CPU_PRIORITIZED), 0, b"byteps_prophet_notify", False))
+
+
+def _notify(_rctx, on_complete, param) -> None:
+    words = ctypes.cast(on_complete, ctypes.POINTER(ctypes.c_void_p * 3)).contents
+    fn_ptr, engine, cb_param = words[0], words[1], words[2]
+    with Notifier._lock:
+        fn, on_error = Notifier._pending.pop(param or 0)
+    try:
+        fn()
+    except BaseException as err:  # never leave the engine waiting
+        on_error(err)
+    finally:
+        _COMPLETE_FN(fn_ptr)(engine, cb_param, None)
+
+
+# One trampoline for the process: an op may still be queued in the engine when its store is gone.
+_NOTIFY_FN = _ASYNC_FN(_notify)

@@ -7,13 +7,14 @@ push/pull is silently bypassed).
 
 Per ``pushpull(key, grad, out=weight)``, all in the caller's thread and without waiting:
 
-1. the gradient is copied into a staging buffer by an engine op (so the next backward may overwrite
-   the gradient whenever the scheduler gets round to it);
+1. the gradient is copied into a staging buffer by an engine op on the engine's prioritised workers
+   (so the next backward may overwrite the gradient whenever the scheduler gets round to it, and the
+   copy does not wait behind backward's compute on the normal CPU worker);
 2. an engine *gate* is pushed that holds ``out`` (see ``engine.py``): the next forward of this layer,
    and only of this layer, waits for it;
 3. a task is registered for the readiness probe.
 
-A probe thread waits for the staged gradients in backward order (``wait_to_read``) and posts each to
+A probe thread waits for the staged gradients in backward order and posts each to
 the scheduler; after the last it calls ``end_of_backward``. The scheduler ``send``s slices; each
 slice maps to the fixed *atoms* it covers (rows along dim 0, each pushed and pulled under its own
 key, initialised once), so every worker pushes the same keys whatever the scheduler cut. An atom a
@@ -48,7 +49,6 @@ import threading
 import time
 import traceback
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import mxnet as mx
@@ -63,7 +63,7 @@ from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.core.settings import elements_from_env
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import UserError
-from byteps_prophet.mxnet.engine import EngineGate, copy_raw
+from byteps_prophet.mxnet.engine import EngineGate, Notifier, copy_raw
 
 ATOM_ENV = "PROPHET_MXNET_ATOM_ELEMENTS"
 IDLE_CLOSE_S = 0.1  # no pushpull for this long closes the step (unused parameters never come)
@@ -131,14 +131,15 @@ class _Key:
 class _Sync:
     """One key's synchronisation in one iteration."""
 
-    def __init__(self, key: _Key, outs: list, token: int | None, index: int, iteration: int):
+    def __init__(self, key: _Key, outs: list, token: int | None, index: int, iteration: int,
+                 staged: threading.Event):
         self.key, self.outs, self.token = key, outs, token
+        self.staged = staged  # its gradient is in the staging buffer
         self.task = Task(name=str(key.key), index=index, shape=key.shape,
                          itemsize=np.dtype(key.dtype).itemsize, iteration=iteration, payload=self)
         self.state = [_IDLE] * len(key.atoms)
         self.waiting: list[list[Task]] = [[] for _ in key.atoms]
         self.sent_count = 0
-        self.after_pull: list[mx.nd.NDArray] = []  # a plain pull of this key to finish first
         self.seq = 0  # which synchronisation of its key this is (every worker counts the same)
         self.ready = False  # its gradient is staged (the probe saw it)
         self.announced: list[int] = []  # follower: atoms the leader sent, not issued here yet
@@ -148,7 +149,7 @@ class _Sync:
 
 
 class ScheduledKVStore(KVStoreBase):
-    def __init__(self, kvstore, settings: Settings | None = None, *, clock=None, probe_workers: int = 4,
+    def __init__(self, kvstore, settings: Settings | None = None, *, clock=None,
                  idle_close_s: float = IDLE_CLOSE_S) -> None:
         self.settings = Settings.from_env() if settings is None else settings
         self._atom = atom_elements(self.settings)
@@ -183,7 +184,9 @@ class ScheduledKVStore(KVStoreBase):
         self._optimizer_keys = -1  # how many atoms the optimizer sent to the servers knows
         self._pending: dict[int, int] = {}  # id(piece) -> atoms it still waits for
         self._completed: list[_Sync] = []
-        self._waiters = ThreadPoolExecutor(max_workers=probe_workers, thread_name_prefix="bpp-mx-wait")
+        # Staged gradients and finished atoms are reported by engine ops on the prioritised workers:
+        # a thread in wait_to_read would wait behind backward's compute to learn either.
+        self._notifier = Notifier(self._fail)
         # Step registration, guarded by _cv.
         self._cv = threading.Condition()
         self._iteration = 0
@@ -308,12 +311,14 @@ class ScheduledKVStore(KVStoreBase):
         value.wait_to_read()  # the init push must not wait in the engine (see below)
         with self._lock:
             self._real.init([a[2] for a in atoms], [value[a[0]:a[1]] for a in atoms])
-            if "dist" in self.type:
-                # MXNet 1.9's dist init pushes from rank 0 without waiting for the server, so another
-                # worker's first pull can overtake it and abort the server ("init K first"): let
-                # rank 0's push land, then meet.
-                if self.rank == 0:
-                    mx.nd.waitall()
+        if "dist" in self.type:
+            # MXNet 1.9's dist init pushes from rank 0 without waiting for the server, so another
+            # worker's first pull can overtake it and abort the server ("init K first"): let rank 0's
+            # push land, then meet. Not under the lock: engine ops still to run may report to this
+            # store (Notifier), and they take it.
+            if self.rank == 0:
+                mx.nd.waitall()
+            with self._lock:
                 self._real._barrier()
 
     def _pull_one(self, key, outs: list, priority: int) -> None:
@@ -373,21 +378,23 @@ class ScheduledKVStore(KVStoreBase):
             entry.abufs = [mx.nd.zeros((end - start,) + tuple(entry.shape[1:]), ctx=values[0].context,
                                        dtype=entry.dtype) for start, end, _ in entry.atoms]
         shaped = [v.reshape(entry.shape) for v in values]
-        if len(shaped) == 1:
-            shaped[0].copyto(entry.gstage)
-        else:
-            mx.nd.add_n(*shaped, out=entry.gstage)
+        after_pull, entry.pulled = entry.pulled, []
+        staged = threading.Event()
+        registered: list[_Sync] = []  # filled below; the staging op may run before or after that
+        self._stage(entry, shaped, after_pull, staged, registered)
         token = self._gate.hold(outs) if outs else None
         index = -priority if priority < 0 else (key if isinstance(key, int) and key >= 0 else entry.order)
         with self._cv:
-            sync = _Sync(entry, outs, token, index, self._iteration)
-            sync.after_pull, entry.pulled = entry.pulled, []
+            sync = _Sync(entry, outs, token, index, self._iteration, staged)
             entry.syncs += 1
             sync.seq = entry.syncs
             if self._mirror:
                 with self._lock:
                     self._open[entry.order, sync.seq] = sync
                     sync.announced = self._parked.pop((entry.order, sync.seq), [])
+                    registered.append(sync)
+                    if staged.is_set():
+                        self._follower_ready(sync)
             entry.last = sync
             self._step.append(sync)
             self._step_keys.add(key)
@@ -395,6 +402,34 @@ class ScheduledKVStore(KVStoreBase):
             if self._expected is not None and self._step_keys >= self._expected:
                 self._close_step()
             self._cv.notify_all()
+
+    def _stage(self, entry: _Key, grads: list, after_pull: list, staged: threading.Event,
+               registered: list) -> None:
+        """Copy the gradient into the staging buffer once it is written (and any plain pull of the key
+        has landed), then set ``staged``. Pushed before the gate: with the optimizer on the worker the
+        gate holds the gradient itself. A follower's synchronisation is ready to issue the leader's
+        atoms as soon as it is staged, not when its step closes: a step closes at the next
+        registration, and that may wait for atoms the leader sends only once this worker pushed."""
+        def stage():
+            if len(grads) == 1:
+                copy_raw(grads[0], entry.gstage)
+            with self._lock:
+                staged.set()
+                if self._mirror and registered:
+                    self._follower_ready(registered[0])
+            self._after_lock()
+
+        if len(grads) > 1:  # one gradient per device: their sum is staged
+            mx.nd.add_n(*grads, out=entry.gstage)
+            self._notifier.when_free([entry.gstage] + after_pull, [], stage)
+        else:
+            self._notifier.when_free([grads[0]] + after_pull, [entry.gstage], stage)
+
+    def _follower_ready(self, sync: _Sync) -> None:  # with _lock held, the gradient staged
+        if not sync.ready:
+            self._trace("ready", sync.task.name, sync.task.iteration)
+        sync.ready = True
+        self._issue_announced(sync)
 
     @contextlib.contextmanager
     def _registering(self):
@@ -461,21 +496,17 @@ class ScheduledKVStore(KVStoreBase):
                     if not self._closed_steps:
                         return
                     iteration, syncs = self._closed_steps.popleft()
+                if self._mirror:  # followers issue as their gradients are staged (see _stage)
+                    continue
                 for sync in sorted(syncs, key=lambda s: -s.task.index):  # backward order
-                    for buf in sync.after_pull:  # a plain pull of the key is written (see _pull_one)
-                        buf.wait_to_read()
-                    sync.key.gstage.wait_to_read()
+                    self._wait(sync.staged)  # includes any plain pull of the key (see _pull_one)
                     with self._lock:
                         self._trace("ready", sync.task.name, iteration)
                         sync.ready = True
-                        if self._mirror:
-                            self._issue_announced(sync)
-                        else:
-                            self.scheduler.post(sync.task)
+                        self.scheduler.post(sync.task)
                     self._after_lock()
-                if not self._mirror:
-                    with self._lock:
-                        self.scheduler.end_of_backward(iteration)
+                with self._lock:
+                    self.scheduler.end_of_backward(iteration)
                     self._after_lock()
         except BaseException as err:  # surfaced on the next call
             self._fail(err)
@@ -542,31 +573,27 @@ class ScheduledKVStore(KVStoreBase):
         if sync.sent_count == len(entry.atoms):
             self._open.pop((entry.order, sync.seq), None)
             sync.all_sent.set()
-        self._waiters.submit(self._wait_atom, sync, j, target)
+        self._notifier.when_free([target], [], lambda: self._atom_done(sync, j))
 
     def _transfer(self, atom_key: int, src: mx.nd.NDArray, dst: mx.nd.NDArray, priority: int) -> None:
         """Push ``src`` under ``atom_key`` and pull the workers' sum into ``dst`` (engine ops, no wait)."""
         self._real.push(atom_key, src, priority=priority)
         self._real.pull(atom_key, out=dst, priority=priority)
 
-    def _wait_atom(self, sync: _Sync, j: int, target: mx.nd.NDArray) -> None:
-        try:
-            target.wait_to_read()
-            with self._lock:
-                self._trace("atom_done", sync.task.name, sync.task.iteration, *sync.key.atoms[j][:2])
-                sync.state[j] = _DONE
-                sync.atoms_done += 1
-                if self._mirror and sync.atoms_done == len(sync.key.atoms):
-                    self._on_done(sync.task)
-                pieces, sync.waiting[j] = sync.waiting[j], []
-                for piece in pieces:
-                    self._pending[id(piece)] -= 1
-                    if self._pending[id(piece)] == 0:
-                        del self._pending[id(piece)]
-                        self.scheduler.finished(piece)
-            self._after_lock()
-        except BaseException as err:
-            self._fail(err)
+    def _atom_done(self, sync: _Sync, j: int) -> None:  # an engine worker, the atom's result written
+        with self._lock:
+            self._trace("atom_done", sync.task.name, sync.task.iteration, *sync.key.atoms[j][:2])
+            sync.state[j] = _DONE
+            sync.atoms_done += 1
+            if self._mirror and sync.atoms_done == len(sync.key.atoms):
+                self._on_done(sync.task)
+            pieces, sync.waiting[j] = sync.waiting[j], []
+            for piece in pieces:
+                self._pending[id(piece)] -= 1
+                if self._pending[id(piece)] == 0:
+                    del self._pending[id(piece)]
+                    self.scheduler.finished(piece)
+        self._after_lock()
 
     def _tick(self) -> None:  # the wakeup timer's thread
         with self._lock:
@@ -643,7 +670,6 @@ class ScheduledKVStore(KVStoreBase):
             with open(self._timeline_path, "w") as f:
                 json.dump({"scheduler": self.settings.scheduler, "leader": self.leader, "mirror": self._mirror,
                            "t0": self._t0, "events": self._timeline}, f)
-        self._waiters.shutdown(wait=True)
 
     def _entry(self, key) -> _Key:
         try:

@@ -250,6 +250,19 @@ def test_followers_issue_the_leaders_atoms_after_it(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_a_follower_that_stalls_mid_step_does_not_hang(tmp_path):
+    """Worker 1 stalls right after its first gradient of a step, so its store closes the step there
+    and the rest of that step's gradients wait for the next registration, which waits for the leader
+    to send the first gradient, which the leader holds back until the follower's rest completes (a
+    one-partition credit). The follower issues each announced atom once its gradient is staged, not
+    when its step closes, so this ends, with FIFO's values. (It hung before: found in an A/B run.)"""
+    values, result = _train(tmp_path, "bs", "bytescheduler", BYTESCHEDULER_CREDIT="5000", BPP_STALL="3:1")
+    fifo, _ = _train(tmp_path, "fifo", "fifo")
+    _assert_same(fifo, values, "fifo vs bytescheduler")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("dying", ["1", "0"])
 def test_dead_worker_ends_the_run_naming_it(tmp_path, dying):
     """Worker 0 is the leader that announces the order; worker 1 follows it."""

@@ -2,7 +2,9 @@
 saves the parameters to $BPP_OUT (worker 0; worker r to <$BPP_OUT without .npz>.rank<r>.npz).
 Knobs: BPP_STEPS, BPP_PLAIN=1 (unwrapped dist_sync store), BPP_DIE_AT=step:worker (the worker with that DMLC_WORKER_ID exits 3 at that step), BPP_UNUSED=1 (a parameter with
 grad_req='null' and a block not in the graph), BPP_ON_KV=0 (optimizer on the worker),
-BPP_BACKEND=byteps (the scheduled store over byteps.mxnet; optimizer on the worker)."""
+BPP_BACKEND=byteps (the scheduled store over byteps.mxnet; optimizer on the worker),
+BPP_STALL=step:worker (that worker's main thread stalls 0.4 s right after its first pushpull of that
+step, as a descheduled thread on a loaded machine would: its store closes the step there)."""
 import os
 import sys
 
@@ -58,6 +60,19 @@ elif os.environ.get("BPP_PLAIN") == "1":
     kv.broadcast = _broadcast_then_wait
 else:
     kv = skv.create("dist_sync")
+stall = os.environ.get("BPP_STALL")
+current_step = [0]
+if stall and stall.split(":")[1] == os.environ.get("DMLC_WORKER_ID"):
+    import time
+    _pushpull, _stalled = kv.pushpull, set()
+
+    def _stalling_pushpull(key, value, out=None, priority=0):
+        _pushpull(key, value, out=out, priority=priority)
+        if current_step[0] == int(stall.split(":")[0]) and not _stalled:
+            _stalled.add(key)
+            time.sleep(0.4)
+
+    kv.pushpull = _stalling_pushpull
 on_kv = os.environ.get("BPP_ON_KV", "1") == "1" and os.environ.get("BPP_BACKEND") != "byteps"
 trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4},
                         kvstore=kv, update_on_kvstore=on_kv)
@@ -68,6 +83,7 @@ for step in range(steps):
     if die and die.split(":")[1] == os.environ.get("DMLC_WORKER_ID") and int(die.split(":")[0]) == step:
         print(f"worker {kv.rank} dying at step {step}", flush=True)
         os._exit(3)
+    current_step[0] = step
     x = mx.nd.array(rng.randn(16, 64))
     y = mx.nd.array(rng.randint(0, 10, 16))
     with autograd.record():
