@@ -61,12 +61,7 @@ class EngineGate:
 
     def hold(self, arrays: Sequence[mx.nd.NDArray]) -> int:
         token = next(self._tokens)
-        handles = (NDArrayHandle * len(arrays))(*[a.handle for a in arrays])
-        ctx = arrays[0].context
-        c_ctx = (ctypes.c_int * 2)(_DEV_TYPES.get(ctx.device_type, 1), ctx.device_id)
-        check_call(_LIB.MXEnginePushAsyncND(
-            self._fn, ctypes.c_void_p(token), None, ctypes.byref(c_ctx), None, 0, handles, len(arrays),
-            None, 0, b"byteps_prophet_gate", False))
+        _push_async(self._fn, token, [], arrays, None, b"byteps_prophet_gate")
         return token
 
     def release(self, token: int, action: Callable[[], None] | None = None) -> None:
@@ -84,8 +79,7 @@ class EngineGate:
             return len(self._started) + len(self._released)
 
     def _on_start(self, _rctx, on_complete, param) -> None:
-        words = ctypes.cast(on_complete, ctypes.POINTER(ctypes.c_void_p * 3)).contents
-        callback = (words[0], words[1], words[2])
+        callback = _completion(on_complete)
         token = param or 0
         with self._lock:
             action = self._released.pop(token, None)
@@ -100,8 +94,30 @@ class EngineGate:
         except BaseException as err:  # never leave the engine waiting on a gate
             self._errors.append(err)
         finally:
-            fn, engine, param = callback
-            _COMPLETE_FN(fn)(engine, param, None)
+            _complete(callback)
+
+
+def _push_async(fn, token: int, reads: Sequence[mx.nd.NDArray], writes: Sequence[mx.nd.NDArray],
+                prop: ctypes.c_int | None, name: bytes) -> None:
+    """Push the asynchronous engine op ``fn(token)`` that reads ``reads`` and mutates ``writes``."""
+    const = (NDArrayHandle * len(reads))(*[a.handle for a in reads])
+    mutable = (NDArrayHandle * len(writes))(*[a.handle for a in writes])
+    ctx = (list(reads) + list(writes))[0].context
+    c_ctx = (ctypes.c_int * 2)(_DEV_TYPES.get(ctx.device_type, 1), ctx.device_id)
+    check_call(_LIB.MXEnginePushAsyncND(
+        fn, ctypes.c_void_p(token), None, ctypes.byref(c_ctx), const, len(reads), mutable, len(writes),
+        None if prop is None else ctypes.byref(prop), 0, name, False))
+
+
+def _completion(on_complete) -> tuple[int, int, int]:
+    """Copy the engine's ``CallbackOnComplete`` (the function, the engine, its parameter)."""
+    words = ctypes.cast(on_complete, ctypes.POINTER(ctypes.c_void_p * 3)).contents
+    return words[0], words[1], words[2]
+
+
+def _complete(callback: tuple[int, int, int]) -> None:
+    fn, engine, param = callback
+    _COMPLETE_FN(fn)(engine, param, None)
 
 
 _CPU_PRIORITIZED = ctypes.c_int(3)  # FnProperty::kCPUPrioritized: the engine's own priority workers
@@ -129,18 +145,11 @@ class Notifier:
         token = next(Notifier._tokens)
         with Notifier._lock:
             Notifier._pending[token] = (fn, self._on_error)
-        const = (NDArrayHandle * len(reads))(*[a.handle for a in reads])
-        mutable = (NDArrayHandle * len(writes))(*[a.handle for a in writes])
-        ctx = (list(reads) + list(writes))[0].context
-        c_ctx = (ctypes.c_int * 2)(_DEV_TYPES.get(ctx.device_type, 1), ctx.device_id)
-        check_call(_LIB.MXEnginePushAsyncND(
-            _NOTIFY_FN, ctypes.c_void_p(token), None, ctypes.byref(c_ctx), const, len(reads), mutable,
-            len(writes), ctypes.byref(_CPU_PRIORITIZED), 0, b"byteps_prophet_notify", False))
+        _push_async(_NOTIFY_FN, token, reads, writes, _CPU_PRIORITIZED, b"byteps_prophet_notify")
 
 
 def _notify(_rctx, on_complete, param) -> None:
-    words = ctypes.cast(on_complete, ctypes.POINTER(ctypes.c_void_p * 3)).contents
-    fn_ptr, engine, cb_param = words[0], words[1], words[2]
+    callback = _completion(on_complete)
     with Notifier._lock:
         fn, on_error = Notifier._pending.pop(param or 0)
     try:
@@ -148,7 +157,7 @@ def _notify(_rctx, on_complete, param) -> None:
     except BaseException as err:  # never leave the engine waiting
         on_error(err)
     finally:
-        _COMPLETE_FN(fn_ptr)(engine, cb_param, None)
+        _complete(callback)
 
 
 # One trampoline for the process: an op may still be queued in the engine when its store is gone.

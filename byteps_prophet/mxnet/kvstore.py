@@ -141,7 +141,7 @@ class _Sync:
         self.waiting: list[list[Task]] = [[] for _ in key.atoms]
         self.sent_count = 0
         self.seq = 0  # which synchronisation of its key this is (every worker counts the same)
-        self.ready = False  # its gradient is staged (the probe saw it)
+        self.ready = False  # its gradient is staged (the leader's probe saw it, or a follower's _stage)
         self.announced: list[int] = []  # follower: atoms the leader sent, not issued here yet
         self.atoms_done = 0
         self.all_sent = threading.Event()

@@ -256,7 +256,7 @@ def test_a_follower_that_stalls_mid_step_does_not_hang(tmp_path):
     to send the first gradient, which the leader holds back until the follower's rest completes (a
     one-partition credit). The follower issues each announced atom once its gradient is staged, not
     when its step closes, so this ends, with FIFO's values. (It hung before: found in an A/B run.)"""
-    values, result = _train(tmp_path, "bs", "bytescheduler", BYTESCHEDULER_CREDIT="5000", BPP_STALL="3:1")
+    values, _ = _train(tmp_path, "bs", "bytescheduler", BYTESCHEDULER_CREDIT="5000", BPP_STALL="3:1")
     fifo, _ = _train(tmp_path, "fifo", "fifo")
     _assert_same(fifo, values, "fifo vs bytescheduler")
 
