@@ -31,6 +31,10 @@ COMPUTE_ONLY, COMM_ONLY = "compute_only", "comm_only"
 CHOICES = VARIANTS + (COMPUTE_ONLY, COMM_ONLY)
 REFERENCES = (COMPUTE_ONLY, COMM_ONLY)
 BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
+# Besides the scheduling knobs the cluster passes through, the caller's variables that set the
+# frameworks' threads (MXNet's engine workers, OpenMP, MKL): each can move one schedule more than
+# another (docs/AB.md section 18), so the results name them.
+RECORDED_PREFIXES = ("MXNET_", "OMP_", "MKL_", "KMP_")
 GLOO_COMPOSE = Path(__file__).with_name("gloo-compose.yml")
 
 
@@ -130,6 +134,7 @@ class ABRunner:
         self.runs: list[dict] = []
         self.tuning: dict | None = None
         self.warnings: list[str] = []
+        self.environment = run_environment()
         self._check_warmup()
 
     def _check_warmup(self) -> None:
@@ -264,7 +269,8 @@ class ABRunner:
                                         "of_medians": results[a]["samples_per_s"] / results[b]["samples_per_s"]}
         cfg = asdict(self.cfg)
         cfg["variants"] = list(cfg["variants"])
-        return {"config": cfg, "netns": getattr(self, "netns", None), "results": results, "speedups": speedups,
+        return {"config": cfg, "environment": self.environment, "netns": getattr(self, "netns", None),
+                "results": results, "speedups": speedups,
                 "limit": self.limit(results), "tuning": self.tuning, "warnings": self.warnings, "runs": self.runs}
 
     def limit(self, results: dict) -> dict | None:
@@ -294,6 +300,16 @@ class ABRunner:
         return limit
 
 
+def run_environment(environ=None) -> dict[str, str]:
+    """What of the caller's environment every run inherits and that changes how it trains or
+    schedules (``BYTEPS_SCHEDULER`` is each variant's own)."""
+    from byteps_prophet.cluster.roles import is_passthrough
+
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in sorted(env)
+            if k != "BYTEPS_SCHEDULER" and (is_passthrough(k) or k.startswith(RECORDED_PREFIXES))}
+
+
 def link_bytes_per_step(cfg: ABConfig, model_bytes: int) -> float:
     """Bytes the busiest link carries in each direction per step: a ring all-reduce moves
     2(n-1)/n of the model over every worker's link; the one parameter server's link carries every
@@ -308,7 +324,10 @@ def format_table(summary: dict) -> str:
     head = (f"A/B {cfg['framework']}/{cfg['backend']} {cfg['model']} x{cfg['workers']} workers, batch {cfg['batch']}, "
             f"{cfg['bandwidth']}" + (f" -> {' -> '.join(cfg['bandwidth_schedule'])}" if cfg["bandwidth_schedule"] else "")
             + f", {cfg['steps']} steps x {cfg['rounds']} rounds" + ("" if summary.get("netns") else " (LOOPBACK, unshaped)"))
-    lines = [head, f"{'scheduler':<22}{'samples/s (median)':>20}{'spread (max-min)':>18}{'vs fifo':>9}"]
+    lines = [head]
+    if summary.get("environment"):
+        lines.append("environment: " + " ".join(f"{k}={v}" for k, v in summary["environment"].items()))
+    lines += [f"{'scheduler':<22}{'samples/s (median)':>20}{'spread (max-min)':>18}{'vs fifo':>9}"]
     fifo = summary["results"].get("fifo", {}).get("samples_per_s")
     for name, res in summary["results"].items():
         ratio = f"{res['samples_per_s'] / fifo:.3f}x" if fifo else "-"

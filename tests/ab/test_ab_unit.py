@@ -4,7 +4,7 @@ import json
 import pytest
 
 from byteps_prophet.ab.runner import (ABConfig, ABRunner, bench_command, format_table, link_bytes_per_step, parse_result,
-                                      plot, variant_env)
+                                      plot, run_environment, variant_env)
 from byteps_prophet.errors import UserError
 
 
@@ -49,6 +49,7 @@ def test_summary_table_and_plot(tmp_path):
     runner.cfg = ABConfig(rounds=2)
     runner.tuning = {"best_credit": 1000, "probes": [[1000, 0.1]], "credit_bounds": [1, 2]}
     runner.warnings = []
+    runner.environment = {}
     runner.runs = [{"variant": v, "round": r, "samples_per_s": s}
                    for r, row in enumerate([(100, 110, 115, 130), (90, 100, 120, 126)])
                    for v, s in zip(("fifo", "bytescheduler", "bytescheduler_tuned", "prophet"), row)]
@@ -60,6 +61,24 @@ def test_summary_table_and_plot(tmp_path):
     assert "prophet" in format_table(summary)
     plot(summary, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_the_results_name_the_environment_every_run_inherits():
+    caller = {"MXNET_CPU_WORKER_NTHREADS": "2", "OMP_NUM_THREADS": "1", "PROPHET_MXNET_ATOM_ELEMENTS": "1000000",
+              "BYTESCHEDULER_CREDIT": "5", "BYTEPS_SCHEDULER": "prophet", "BYTEPS_SERVER_ENGINE_THREAD": "4",
+              "HOME": "/root"}
+    # BYTEPS_SCHEDULER is each variant's own; other BYTEPS_ variables never reach the roles (scrubbed)
+    expected = {"BYTESCHEDULER_CREDIT": "5", "MXNET_CPU_WORKER_NTHREADS": "2", "OMP_NUM_THREADS": "1",
+                "PROPHET_MXNET_ATOM_ELEMENTS": "1000000"}
+    assert run_environment(caller) == expected
+    runner = ABRunner.__new__(ABRunner)
+    runner.cfg, runner.tuning, runner.warnings, runner.environment = ABConfig(rounds=1), None, [], expected
+    runner.runs = [{"variant": "fifo", "round": 0, "samples_per_s": 10.0}]
+    summary = runner.summary()
+    assert json.loads(json.dumps(summary))["environment"] == expected
+    assert "environment: BYTESCHEDULER_CREDIT=5 MXNET_CPU_WORKER_NTHREADS=2 OMP_NUM_THREADS=1" in format_table(summary)
+    runner.environment = {}
+    assert "environment" not in format_table(runner.summary())
 
 
 def test_cli_variants_error_is_one_line_exit_2():
@@ -109,7 +128,7 @@ def test_warns_when_warmup_ends_inside_prophets_profiling(warmup, variants, warn
 
 def _summary_runner(cfg, rows, netns=True):
     runner = ABRunner.__new__(ABRunner)
-    runner.cfg, runner.tuning, runner.warnings, runner.netns = cfg, None, [], netns
+    runner.cfg, runner.tuning, runner.warnings, runner.netns, runner.environment = cfg, None, [], netns, {}
     runner.runs = [dict(variant=v, round=r, samples_per_s=s, param_bytes=40_000_000)
                    for r, row in enumerate(rows) for v, s in row.items()]
     return runner
