@@ -1,5 +1,6 @@
 """A tiny real MXNet A/B on the cluster: `byteps-prophet ab --framework mxnet --backend kvstore --json`."""
 import json
+import os
 import subprocess
 import sys
 
@@ -16,10 +17,12 @@ def test_ab_mxnet_kvstore_json_contract(tmp_path):
                            "--model", "mlp", "--batch", "8", "--steps", "3", "--warmup", "1", "--rounds", "1",
                            "--tune-probes", "2,0", "--tune-steps", "1", "--bandwidth", "200mbit", "--timeout", "240",
                            "--json", "--plot", str(png)],
-                          capture_output=True, text=True, timeout=560)
+                          capture_output=True, text=True, timeout=560,
+                          env={**os.environ, "MXNET_CPU_WORKER_NTHREADS": "1"})  # MXNet's default, named
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     assert data["config"]["framework"] == "mxnet" and data["config"]["backend"] == "kvstore"
+    assert data["environment"]["MXNET_CPU_WORKER_NTHREADS"] == "1"
     for name in ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet"):
         result = data["results"][name]
         assert result["samples_per_s"] > 0
