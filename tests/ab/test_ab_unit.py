@@ -71,9 +71,8 @@ def test_the_results_name_the_environment_every_run_inherits():
     expected = {"BYTESCHEDULER_CREDIT": "5", "MXNET_CPU_WORKER_NTHREADS": "2", "OMP_NUM_THREADS": "1",
                 "PROPHET_MXNET_ATOM_ELEMENTS": "1000000"}
     assert run_environment(caller) == expected
-    runner = ABRunner.__new__(ABRunner)
-    runner.cfg, runner.tuning, runner.warnings, runner.environment = ABConfig(rounds=1), None, [], expected
-    runner.runs = [{"variant": "fifo", "round": 0, "samples_per_s": 10.0}]
+    runner = _summary_runner(ABConfig(rounds=1), [{"fifo": 10.0}])
+    runner.environment = expected
     summary = runner.summary()
     assert json.loads(json.dumps(summary))["environment"] == expected
     assert "environment: BYTESCHEDULER_CREDIT=5 MXNET_CPU_WORKER_NTHREADS=2 OMP_NUM_THREADS=1" in format_table(summary)
