@@ -158,6 +158,11 @@ class Cluster:
     def start(self) -> None:
         server_code = "import byteps.server"
         self._start("scheduler", ["-c", server_code], {"DMLC_ROLE": "scheduler"})
+        # The root port came from the kernel's ephemeral range and is free until the scheduler binds
+        # it; a server or worker started before that can be given the same port (ps-lite asks the
+        # kernel for one) and then receives the others' registrations: a server aborted once in CI
+        # with "Check failed: is_scheduler_".
+        self._wait_for_scheduler()
         self._start("server", ["-c", server_code], {"DMLC_ROLE": "server"})
         script = self.tmp / "worker.py"
         script.write_text(self.worker_code)
@@ -172,6 +177,19 @@ class Cluster:
                 # per-worker unix sockets: two workers on one host must not share them
                 "BYTEPS_SOCKET_PATH": str(sock_dir),
             })
+
+    def _wait_for_scheduler(self, timeout: float = 60.0) -> None:
+        port = int(self.env["DMLC_PS_ROOT_PORT"])
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                scheduler = self.procs[0][1]
+                if scheduler.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the scheduler never listened on port {port}\n" + self.logs()) from None
+                time.sleep(0.05)
 
     def logs(self) -> str:
         out = []
