@@ -242,7 +242,7 @@ class BytePSScheduledKVStore(ScheduledKVStore):
             self._init_done(entry, deadline)
         super().flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
-    def _transfer(self, atom_key: int, src, dst, priority: int) -> None:
+    def _transfer(self, atom_key: int, buf, priority: int) -> None:
         """One round of an atom, on the name of its round's parity.
 
         BytePS's server (non-blocking engine, the default) copies the first push of a round
@@ -255,8 +255,7 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         Round numbers are counted per atom (every worker syncs each key equally often), never
         from step counting, which can differ between workers."""
         self._rounds[atom_key] += 1
-        src.copyto(dst)  # the atom's own buffer (own engine variable), summed in place
-        self._real.push_pull(f"bpp.{atom_key}.{self._rounds[atom_key] % 2}", dst, priority=priority)
+        self._real.push_pull(f"bpp.{atom_key}.{self._rounds[atom_key] % 2}", buf, priority=priority)
 
     def close(self) -> None:
         try:

@@ -37,13 +37,14 @@ def data_pointer(array: mx.nd.NDArray) -> int:
     return ptr.value or 0
 
 
-def copy_raw(src: mx.nd.NDArray, dst: mx.nd.NDArray) -> None:
-    """memmove src -> dst. Only call while nothing in the engine writes dst or src (a gate holds dst,
-    src's writes are known complete). CPU, same byte size."""
-    nbytes = src.size * np.dtype(src.dtype).itemsize
-    if dst.size * np.dtype(dst.dtype).itemsize != nbytes:
-        raise ValueError(f"copy_raw: {src.shape} {src.dtype} into {dst.shape} {dst.dtype}")
-    ctypes.memmove(data_pointer(dst), data_pointer(src), nbytes)
+def copy_raw(src: mx.nd.NDArray, dst: mx.nd.NDArray, src_offset: int = 0) -> None:
+    """memmove all of dst's bytes from src, starting ``src_offset`` bytes into src (CPU; no view is
+    made). Only call while nothing in the engine writes dst or src (a gate holds dst, src's writes
+    are known complete)."""
+    nbytes = dst.size * np.dtype(dst.dtype).itemsize
+    if src_offset < 0 or src_offset + nbytes > src.size * np.dtype(src.dtype).itemsize:
+        raise ValueError(f"copy_raw: {dst.shape} {dst.dtype} from {src.shape} {src.dtype} at byte {src_offset}")
+    ctypes.memmove(data_pointer(dst), data_pointer(src) + src_offset, nbytes)
 
 
 class EngineGate:

@@ -7,9 +7,9 @@ push/pull is silently bypassed).
 
 Per ``pushpull(key, grad, out=weight)``, all in the caller's thread and without waiting:
 
-1. the gradient is copied into a staging buffer by an engine op on the engine's prioritised workers
-   (so the next backward may overwrite the gradient whenever the scheduler gets round to it, and the
-   copy does not wait behind backward's compute on the normal CPU worker);
+1. the gradient's rows are copied into its atoms' buffers by an engine op on the engine's
+   prioritised workers (so the next backward may overwrite the gradient whenever the scheduler gets
+   round to it, and the copy does not wait behind backward's compute on the normal CPU worker);
 2. an engine *gate* is pushed that holds ``out`` (see ``engine.py``): the next forward of this layer,
    and only of this layer, waits for it;
 3. a task is registered for the readiness probe.
@@ -19,9 +19,10 @@ the scheduler; after the last it calls ``end_of_backward``. The scheduler ``send
 slice maps to the fixed *atoms* it covers (rows along dim 0, each pushed and pulled under its own
 key, initialised once), so every worker pushes the same keys whatever the scheduler cut. An atom a
 slice only partly covers is sent whole, at once (its data is ready), so no byte is sent twice in an
-iteration and no slice waits on a later one. Each atom is pulled into its own buffer (its own engine
-variable, so waiting for one atom never waits for another). When every row of a gradient is
-synchronised the atoms' buffers are copied into ``out`` under the gate and the gate completes.
+iteration and no slice waits on a later one. Each atom has its own buffer (its own engine variable, so
+waiting for one atom never waits for another), sent and answered in place by one ``pushpull``. When
+every row of a gradient is synchronised the atoms' buffers are copied into ``out`` under the gate and
+the gate completes; the key's next registration waits for that copy.
 
 One worker, the leader, schedules; it announces each atom it issues over an order channel
 (``SocketChannel``), and the other workers issue the same atoms in that order, each once their own
@@ -111,9 +112,9 @@ class _Key:
         self.key, self.order, self.shape, self.dtype = key, order, shape, dtype
         self.atoms = atoms  # (row_start, row_end, atom_key)
         self.starts = [a[0] for a in atoms]
-        self.gstage: mx.nd.NDArray | None = None
-        # One receive buffer per atom, each its own engine variable: a wait on one atom's result
-        # never waits for another atom's (slices of one array share one variable in MXNet's engine).
+        # One buffer per atom, each its own engine variable (slices of one array share one variable in
+        # MXNet's engine, so a wait on one atom would wait for its siblings). The gradient's rows are
+        # staged in it and the servers' answer lands in it: one engine op per atom and iteration.
         self.abufs: list[mx.nd.NDArray] = []
         # Plain pulls (broadcast, pull) land in their own per-atom buffers; ``pulled`` holds them
         # until the next push of this key, which must not be sent before they are written.
@@ -144,8 +145,8 @@ class _Sync:
         self.ready = False  # its gradient is staged (the leader's probe saw it, or a follower's _stage)
         self.announced: list[int] = []  # follower: atoms the leader sent, not issued here yet
         self.atoms_done = 0
-        self.all_sent = threading.Event()
-        self.done = threading.Event()  # rows synchronised and copied into ``outs``
+        self.done = threading.Event()  # every row synchronised
+        self.delivered = threading.Event()  # ... and copied into ``outs``: the atom buffers are free
 
 
 class ScheduledKVStore(KVStoreBase):
@@ -333,7 +334,7 @@ class ScheduledKVStore(KVStoreBase):
         (docs/MXNET.md). Here the next push of the key waits until these buffers are written."""
         entry = self._entry(key)
         if entry.last is not None:
-            self._wait(entry.last.done)
+            self._wait(entry.last.delivered)  # MXNet pulls into the buffer the last pushpull answered in
         if not outs:
             return
         if not entry.pbufs:
@@ -368,12 +369,10 @@ class ScheduledKVStore(KVStoreBase):
         with self._cv:
             if key in self._step_keys:  # the same key again: a new step began
                 self._close_step()
-        if entry.last is not None and not entry.last.all_sent.is_set():
+        if entry.last is not None and not entry.last.delivered.is_set():
             with self._registering():
-                self._wait(entry.last.all_sent)  # its staging buffer is read by pushes not yet issued
+                self._wait(entry.last.delivered)  # the atom buffers still hold its rows or its result
         self._send_optimizer()
-        if entry.gstage is None:
-            entry.gstage = mx.nd.zeros(entry.shape, ctx=values[0].context, dtype=entry.dtype)
         if not entry.abufs:
             entry.abufs = [mx.nd.zeros((end - start,) + tuple(entry.shape[1:]), ctx=values[0].context,
                                        dtype=entry.dtype) for start, end, _ in entry.atoms]
@@ -410,9 +409,12 @@ class ScheduledKVStore(KVStoreBase):
         gate holds the gradient itself. A follower's synchronisation is ready to issue the leader's
         atoms as soon as it is staged, not when its step closes: a step closes at the next
         registration, and that may wait for atoms the leader sends only once this worker pushed."""
+        row_bytes = int(np.prod(entry.shape[1:], dtype=np.int64)) * np.dtype(entry.dtype).itemsize
+
         def stage():
             if len(grads) == 1:
-                copy_raw(grads[0], entry.gstage)
+                for (row_start, _, _), buf in zip(entry.atoms, entry.abufs):
+                    copy_raw(grads[0], buf, row_start * row_bytes)
             with self._lock:
                 staged.set()
                 if self._mirror and registered:
@@ -420,10 +422,12 @@ class ScheduledKVStore(KVStoreBase):
             self._after_lock()
 
         if len(grads) > 1:  # one gradient per device: their sum is staged
-            mx.nd.add_n(*grads, out=entry.gstage)
-            self._notifier.when_free([entry.gstage] + after_pull, [], stage)
+            whole = len(entry.atoms) == 1
+            for (row_start, row_end, _), buf in zip(entry.atoms, entry.abufs):
+                mx.nd.add_n(*[g if whole else g[row_start:row_end] for g in grads], out=buf)
+            self._notifier.when_free(entry.abufs + after_pull, [], stage)
         else:
-            self._notifier.when_free([grads[0]] + after_pull, [entry.gstage], stage)
+            self._notifier.when_free([grads[0]] + after_pull, entry.abufs, stage)
 
     def _follower_ready(self, sync: _Sync) -> None:  # with _lock held, the gradient staged
         if not sync.ready:
@@ -567,18 +571,23 @@ class ScheduledKVStore(KVStoreBase):
         row_start, row_end, atom_key = entry.atoms[j]
         sync.state[j] = _SENT
         self._trace("issue", sync.task.name, sync.task.iteration, j, sync.seq)
-        target = entry.abufs[j]
-        self._transfer(atom_key, entry.gstage[row_start:row_end], target, -index)
+        buf = entry.abufs[j]
+        self._transfer(atom_key, buf, -index)
         sync.sent_count += 1
         if sync.sent_count == len(entry.atoms):
             self._open.pop((entry.order, sync.seq), None)
-            sync.all_sent.set()
-        self._notifier.when_free([target], [], lambda: self._atom_done(sync, j))
+        self._notifier.when_free([buf], [], lambda: self._atom_done(sync, j))
 
-    def _transfer(self, atom_key: int, src: mx.nd.NDArray, dst: mx.nd.NDArray, priority: int) -> None:
-        """Push ``src`` under ``atom_key`` and pull the workers' sum into ``dst`` (engine ops, no wait)."""
-        self._real.push(atom_key, src, priority=priority)
-        self._real.pull(atom_key, out=dst, priority=priority)
+    def _transfer(self, atom_key: int, buf: mx.nd.NDArray, priority: int) -> None:
+        """Send the atom's rows in ``buf`` and receive the servers' answer into ``buf`` (no wait).
+
+        One ``pushpull`` whose ``out`` is the pushed array itself: MXNet's dist store then issues one
+        engine op (one ps-lite request, answered into ``buf``) and skips its copy into ``out``. Atoms
+        share no engine variable. Before, pushes sent slices of one staging array and MXNet pulled
+        into the array a key last pushed, so every pull wrote that array's variable and a tensor's
+        atoms went through the engine one after another, three ops each (push, pull, the pull's
+        copy), all in the normal CPU worker's first-in first-out queue behind compute."""
+        self._real.pushpull(atom_key, buf, out=buf, priority=priority)
 
     def _atom_done(self, sync: _Sync, j: int) -> None:  # an engine worker, the atom's result written
         with self._lock:
@@ -615,17 +624,21 @@ class ScheduledKVStore(KVStoreBase):
         for sync in done:
             if sync.token is None:
                 sync.done.set()
+                sync.delivered.set()
                 continue
-            entry, outs, event = sync.key, sync.outs, sync.done
 
-            def deliver(entry=entry, outs=outs):
-                for out in outs:
-                    rows = out.reshape(entry.shape)
-                    for (row_start, row_end, _), buf in zip(entry.atoms, entry.abufs):
-                        copy_raw(buf, rows[row_start:row_end] if len(entry.atoms) > 1 else rows)
+            def deliver(sync=sync):
+                entry = sync.key
+                try:
+                    for out in sync.outs:
+                        rows = out.reshape(entry.shape)
+                        for (row_start, row_end, _), buf in zip(entry.atoms, entry.abufs):
+                            copy_raw(buf, rows[row_start:row_end] if len(entry.atoms) > 1 else rows)
+                finally:
+                    sync.delivered.set()
 
             self._gate.release(sync.token, deliver)
-            event.set()
+            sync.done.set()
 
     # -- waiting, errors, shutdown -------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> None:
