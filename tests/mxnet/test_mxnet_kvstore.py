@@ -168,6 +168,9 @@ def _train(tmp_path, tag, scheduler, **extra) -> tuple:
     assert result.ok, f"{tag}: {run_report(result)}"
     values = dict(np.load(out))
     _assert_same(values, dict(np.load(tmp_path / f"{tag}.rank1.npz")), f"{tag}: worker 0 vs worker 1")
+    if scheduler != "plain":  # close() freed MXNet's store: ps-lite is left before interpreter teardown
+        left = [line for lines in result.output.values() for line in lines if "left ps-lite at close" in line]
+        assert sorted(left) == [f"worker {r} left ps-lite at close: True" for r in (0, 1)], f"{tag}: {left}"
     return values, result
 
 

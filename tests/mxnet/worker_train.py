@@ -95,6 +95,10 @@ if os.environ.get("BPP_OUT"):  # worker 0's at BPP_OUT, the others' at <BPP_OUT>
     params = {k: v.data().asnumpy() for k, v in net.collect_params().items()}
     out = os.environ["BPP_OUT"]
     np.savez(out if kv.rank == 0 else f"{out.removesuffix('.npz')}.rank{kv.rank}.npz", **params)
-if hasattr(kv, "close"):
+if isinstance(kv, skv.ScheduledKVStore) and isinstance(kv._real, mx.kv.KVStore):
+    mxnet_store = kv._real
+    kv.close()
+    print("worker", kv.rank, "left ps-lite at close:", mxnet_store.handle is None, flush=True)
+elif hasattr(kv, "close"):
     kv.close()
 print("worker", kv.rank, "done", flush=True)
