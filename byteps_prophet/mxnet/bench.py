@@ -202,9 +202,9 @@ def run(args: argparse.Namespace) -> dict | None:
         result.update(kv.stats())
     if hasattr(kv, "close"):
         kv.close()
-    # Leave ps-lite now, deterministically: freeing the real store runs its finalize (a barrier with
-    # the other nodes). main() then skips interpreter teardown, where MXNet's engine threads could
-    # keep a finished worker alive (seen once: a worker still running 20 s after the job ended).
+    # close() has left the job (the KVStore backend frees MXNet's store, BytePS shuts down). Free the
+    # rest now; once the store is gone main() skips interpreter teardown, where MXNet's engine threads
+    # could keep a finished worker alive (seen once: a worker still running 20 s after the job ended).
     real = weakref.ref(getattr(kv, "_real", kv))
     del kv, trainer, one_step, sync, net, params
     gc.collect()

@@ -569,7 +569,7 @@ class ScheduledKVStore(KVStoreBase):
 
     def _issue(self, sync: _Sync, j: int, index: int) -> None:
         entry = sync.key
-        row_start, row_end, atom_key = entry.atoms[j]
+        atom_key = entry.atoms[j][2]
         sync.state[j] = _SENT
         self._trace("issue", sync.task.name, sync.task.iteration, j, sync.seq)
         buf = entry.abufs[j]
