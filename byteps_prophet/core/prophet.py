@@ -82,6 +82,17 @@ Two modes:
            the bytes (torch BytePS, vgg 1 Gbit/s) and push and pull took turns. The drain chunk
            would be the derived size, but BytePS's per-message cost reads as about 0, which makes it
            one atom: measured worse at 200 Mbit/s (docs/AB.md section 14).
+           The flight window, where pulls follow pushes: what is in flight is at most one chunk per
+           stage of the link model, or the bytes the link carries in one start-up latency if more
+           (``rate x latency``, a bandwidth-delay product), and never more than the credit. The hold
+           alone trusts the model's first stage, which a late completion does not move (a late peer,
+           above); where the link itself is slower than measured -- one server's link shared by the
+           workers' pushes -- the model then sends ahead of the link, and every byte in flight at
+           the end of backward is one that gradient 0 waits behind. torch BytePS, transformer
+           200 Mbit/s: 11 MB in flight 0.3 s before the end of backward, gradient 0 done 1.7-2.9 s
+           after it (ByteScheduler: 2.0-2.6 s); with at most 4-6 MiB in flight, 1.1-1.3 s, and
+           Prophet 31.4 samples/s against 29.2 (docs/AB.md section 20). Where the latency is long
+           (BytePS's completions read as 140-160 ms at 1 Gbit/s) the window is the credit, as before.
            Wakeups: the hold waits for the next event, and a completion can come later than the
            model says (a peer behind, a lag read before the iteration fell behind); the pieces held
            then waited for it on an idle uplink. So the hold also asks for a tick (``on_wakeup``) at
@@ -120,6 +131,9 @@ class Prophet(ByteScheduler):
     # Whether, where pulls follow pushes, every chunk is at most ``TRAILING_CHUNK_BYTES`` (True), or
     # not (False: the rule before, kept so the tests can show it).
     chunks_trail_pulls = True
+    # Whether, where pulls follow pushes, the flight window also bounds what is in flight (True), or
+    # only the credit does (False: the rule before, kept so the tests can show it).
+    flight_window = True
 
     def __init__(self, settings, clock, transport, on_done=None) -> None:
         super().__init__(settings.replace(credit_tuning=False), clock, transport, on_done)
@@ -287,10 +301,11 @@ class Prophet(ByteScheduler):
         latency = self.bandwidth.latency
         hold = self._hold_after_backward or not self._backward_done
         under_credit = self._flight_under_credit
+        window = self._flight_window() if under_credit else math.inf
         bandwidth = None  # read on the first send: most calls find the link busy and send nothing
         while queue:
-            if under_credit and self.credit <= 0:
-                return  # module docstring, "In flight under the credit"
+            if under_credit and (self.credit <= 0 or self.in_flight_bytes >= window):
+                return  # module docstring, "In flight under the credit" and "The flight window"
             start = stage_free[0] + lag0  # when the first stage of the link can take it
             if start < now + latency:
                 start = now + latency
@@ -363,6 +378,13 @@ class Prophet(ByteScheduler):
                 self._lag = self.clock.now() - predicted
                 del self._finishes[k]
                 break
+
+    def _flight_window(self) -> float:
+        """Bytes in flight that keep the link busy where pulls follow pushes (module docstring)."""
+        if not self.flight_window:
+            return math.inf
+        depth = len(self._stage_free) * (self.settings.max_chunk_bytes or self._default_cap)
+        return max(depth, self.bandwidth.bytes_per_s * self.bandwidth.latency)
 
     def _first_stage_lag(self, lag: float) -> float:
         """How far the link's first stage runs behind the model. On a parameter server a piece

@@ -275,6 +275,7 @@ class PullRequestLink:
 
     serializations = 2
     pulls_follow_pushes = True
+    rate = BANDWIDTH  # bytes/s each way
 
     def __init__(self, loop: Loop) -> None:
         self.loop, self.up_free, self.down_free = loop, 0.0, 0.0
@@ -284,12 +285,12 @@ class PullRequestLink:
     def send(self, task):
         now = self.loop.clock.now()
         self.sent.append((now, task))
-        self.up_free = max(self.up_free, now) + COST + task.nbytes / BANDWIDTH
+        self.up_free = max(self.up_free, now) + COST + task.nbytes / self.rate
         self.loop.at(self.up_free, self._request_pull, task)
 
     def _request_pull(self, task):
         requested = max(self.up_free, self.loop.clock.now())  # behind what was pushed before now
-        self.down_free = max(self.down_free, requested) + COST + task.nbytes / BANDWIDTH
+        self.down_free = max(self.down_free, requested) + COST + task.nbytes / self.rate
         self.loop.at(self.down_free, self._finished, task)
 
     def _finished(self, task):
@@ -378,16 +379,21 @@ class ToldLink(BandwidthMonitor):
         return BANDWIDTH, COST
 
 
-def run_with_a_late_peer(ticks=True, **settings):
+def run_with_a_late_peer(ticks=True, latency=None, **settings):
     """A peer 50 ms behind on a ``LatePeerLink``, compute-bound: a 4 MB gradient every 10 ms, each
     4 ms on the link. Returns the last iteration's waits (each piece's send after its gradient was
-    ready) and its tail (the last completion after the peer's last push), in seconds."""
+    ready) and its tail (the last completion after the peer's last push), in seconds. Without a
+    ``latency`` the flight window is off, as the credit is: the link model's lag alone decides."""
     loop = Loop()
     link = LatePeerLink(loop, delay=0.050)
-    # a credit that never binds: the link model's lag alone decides (the credit would hold pieces
-    # here as it holds ByteScheduler's, test_where_pulls_follow_pushes_the_credit_bounds_...)
+    # a credit that never binds (it would hold pieces here as it holds ByteScheduler's,
+    # test_where_pulls_follow_pushes_the_credit_bounds_...)
     scheduler = Prophet(Settings(scheduler="prophet", credit=10**9, **settings), loop.clock, link)
     scheduler.bandwidth = ToldLink(serializations=2)
+    if latency is None:
+        scheduler.flight_window = False
+    else:
+        scheduler.bandwidth.latency = latency
     link.scheduler = scheduler
     done = {}
     scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
@@ -419,6 +425,10 @@ def test_a_late_peer_does_not_hold_this_workers_pushes(spares, monkeypatch):
     waits, tail = run_with_a_late_peer()
     if spares:  # pushed on arrival, or (a gradient's second 2 MiB piece) as the first one's push ends
         assert max(waits) < COST + TRAILING_CHUNK_BYTES / BANDWIDTH + 1e-6
+        # the flight window too: every op waits for the peer, which the plugins' LinkMonitor reads as
+        # a 50 ms start-up latency, and the window then covers what the link carries in it
+        windowed, _ = run_with_a_late_peer(latency=0.050)
+        assert max(windowed) < COST + TRAILING_CHUNK_BYTES / BANDWIDTH + 1e-6
         assert tail < 2 * (COST + 4e6 / BANDWIDTH) - 0.002  # the last piece's push and pull, about 5 ms
     else:  # the lagged model held pieces for completions, and the last ones ended later
         assert max(waits) > 0.050 and tail > 0.015
@@ -543,3 +553,41 @@ def test_where_pulls_follow_pushes_a_backlog_chunk_is_sized_for_its_pulls(monkey
     assert largest < 1.25 * TRAILING_CHUNK_BYTES and largest_before > 8e6  # 2.1 MB against 9.9 MB
     assert max(finishes.values()) < max(before.values()) - 0.010  # 45 ms (37 of pushes) against 59
     assert finishes[0] < before[0] - 0.010  # gradient 0: 17 ms against 31
+
+
+class SharedServerLink(CountingPullRequestLink):
+    """A ``CountingPullRequestLink`` at half the rate the monitor reports: one server's link shared
+    by two workers' pushes, each worker's completions paced by both."""
+
+    rate = BANDWIDTH / 2
+
+
+def run_burst_on_a_shared_server(window):
+    """transformer-like burst on a ``SharedServerLink``, backlogged past the end of backward: two
+    16 MB layers, a 4 MB one, and gradient 0, an 8 MB embedding, last at 10 ms. Default credit
+    (16 MB) and partition. Returns the last iteration's finish times and the link."""
+    link = SharedServerLink(Loop())
+    arrivals = [(3, 0.0, (4000, 1000)), (2, 0.004, (4000, 1000)), (1, 0.008, (1000, 1000)),
+                (0, 0.010, (2000, 1000))]
+    previous = Prophet.flight_window
+    Prophet.flight_window = window
+    try:
+        return run_burst(link, arrivals), link
+    finally:
+        Prophet.flight_window = previous
+
+
+def test_where_pulls_follow_pushes_the_flight_window_keeps_gradient_0_near_the_link():
+    """The hold trusts the link model's first stage, which late completions do not move, so where the
+    link is slower than measured it sends as far ahead as the credit allows, and gradient 0 waits
+    behind all of it (torch BytePS, transformer 200 Mbit/s: 11 MB in flight before the end of
+    backward, gradient 0 done 1.7-2.9 s after it; docs/AB.md section 20). The flight window keeps
+    one chunk per stage in flight: gradient 0 and the iteration are done sooner."""
+    finishes, link = run_burst_on_a_shared_server(window=True)
+    before, credit_link = run_burst_on_a_shared_server(window=False)
+    piece = max(task.numel for _, task in link.sent)
+    window_elements = 3 * TRAILING_CHUNK_BYTES / 4
+    assert link.max_in_flight[5] <= window_elements + piece
+    assert credit_link.max_in_flight[5] > 1.5 * window_elements  # the credit's 4 M elements
+    assert finishes[0] < before[0] - 0.006  # 48.7 ms against 57.8
+    assert max(finishes.values()) < max(before.values())  # 105.8 ms against 110.9
