@@ -91,8 +91,9 @@ Two modes:
            the end of backward is one that gradient 0 waits behind. torch BytePS, transformer
            200 Mbit/s: 11 MB in flight 0.3 s before the end of backward, gradient 0 done 1.7-2.9 s
            after it (ByteScheduler: 2.0-2.6 s); with at most 4-6 MiB in flight, 1.1-1.3 s, and
-           Prophet 1.040x of the rule before in alternating runs (docs/AB.md section 20). Where the latency is long
-           (BytePS's completions read as 140-160 ms at 1 Gbit/s) the window is the credit, as before.
+           Prophet 1.040x of the rule before in alternating runs (docs/AB.md section 20). Where the
+           latency is long (BytePS's completions read as 140-160 ms at 1 Gbit/s) the window is the
+           credit, as before.
            Wakeups: the hold waits for the next event, and a completion can come later than the
            model says (a peer behind, a lag read before the iteration fell behind); the pieces held
            then waited for it on an idle uplink. So the hold also asks for a tick (``on_wakeup``) at
