@@ -562,29 +562,25 @@ class SharedServerLink(CountingPullRequestLink):
     rate = BANDWIDTH / 2
 
 
-def run_burst_on_a_shared_server(window):
+def run_burst_on_a_shared_server():
     """transformer-like burst on a ``SharedServerLink``, backlogged past the end of backward: two
     16 MB layers, a 4 MB one, and gradient 0, an 8 MB embedding, last at 10 ms. Default credit
     (16 MB) and partition. Returns the last iteration's finish times and the link."""
     link = SharedServerLink(Loop())
     arrivals = [(3, 0.0, (4000, 1000)), (2, 0.004, (4000, 1000)), (1, 0.008, (1000, 1000)),
                 (0, 0.010, (2000, 1000))]
-    previous = Prophet.flight_window
-    Prophet.flight_window = window
-    try:
-        return run_burst(link, arrivals), link
-    finally:
-        Prophet.flight_window = previous
+    return run_burst(link, arrivals), link
 
 
-def test_where_pulls_follow_pushes_the_flight_window_keeps_gradient_0_near_the_link():
+def test_where_pulls_follow_pushes_the_flight_window_keeps_gradient_0_near_the_link(monkeypatch):
     """The hold trusts the link model's first stage, which late completions do not move, so where the
     link is slower than measured it sends as far ahead as the credit allows, and gradient 0 waits
     behind all of it (torch BytePS, transformer 200 Mbit/s: 11 MB in flight before the end of
     backward, gradient 0 done 1.7-2.9 s after it; docs/AB.md section 20). The flight window keeps
     one chunk per stage in flight: gradient 0 and the iteration are done sooner."""
-    finishes, link = run_burst_on_a_shared_server(window=True)
-    before, credit_link = run_burst_on_a_shared_server(window=False)
+    finishes, link = run_burst_on_a_shared_server()
+    monkeypatch.setattr(Prophet, "flight_window", False)
+    before, credit_link = run_burst_on_a_shared_server()
     piece = max(task.numel for _, task in link.sent)
     window_elements = 3 * TRAILING_CHUNK_BYTES / 4
     assert link.max_in_flight[5] <= window_elements + piece
