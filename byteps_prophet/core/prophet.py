@@ -146,7 +146,8 @@ class Prophet(ByteScheduler):
         self._hold_after_backward = bool(getattr(transport, "pulls_follow_pushes", False))
         self._flight_under_credit = self._hold_after_backward and self.credit_bounds_flight
         # module docstring, "Chunks where pulls follow pushes"
-        self._default_cap = TRAILING_CHUNK_BYTES if self._hold_after_backward and self.chunks_trail_pulls else math.inf
+        default_cap = TRAILING_CHUNK_BYTES if self._hold_after_backward and self.chunks_trail_pulls else math.inf
+        self._chunk_cap = settings.max_chunk_bytes or default_cap
         # Cuts end on multiples of this many elements' rows (0: any row), for engines where each
         # distinct slice is a key to set up (the BytePS backend's fixed atoms): see ``_rows_for``.
         self.cut_elements = 0
@@ -175,6 +176,7 @@ class Prophet(ByteScheduler):
         # Where pulls follow pushes, a pull is requested behind the push the hold keeps queued after
         # it, so the link is modelled with that wait as one more stage (module docstring).
         self._stage_free = [0.0] * (self._serializations + self._hold_after_backward)
+        self._flight_depth = len(self._stage_free) * self._chunk_cap  # module docstring, "The flight window"
         self._finishes: deque[tuple[Task, float]] = deque()
         self._lag = 0.0
         self._drain_chunk: float | None = None
@@ -302,10 +304,9 @@ class Prophet(ByteScheduler):
         latency = self.bandwidth.latency
         hold = self._hold_after_backward or not self._backward_done
         under_credit = self._flight_under_credit
-        window = self._flight_window() if under_credit else math.inf
         bandwidth = None  # read on the first send: most calls find the link busy and send nothing
         while queue:
-            if under_credit and (self.credit <= 0 or self.in_flight_bytes >= window):
+            if under_credit and (self.credit <= 0 or self._window_full()):
                 return  # module docstring, "In flight under the credit" and "The flight window"
             start = stage_free[0] + lag0  # when the first stage of the link can take it
             if start < now + latency:
@@ -325,7 +326,7 @@ class Prophet(ByteScheduler):
             if bandwidth is None:
                 bandwidth, cost = self.bandwidth.rate_and_cost()
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
-                cap = self.settings.max_chunk_bytes or self._default_cap
+                cap = self._chunk_cap
             # Bytes for the chunk that starts on the link at ``start`` (module docstring); an arrival
             # can reach the link ``latency`` after it happens.
             if start < end + latency:
@@ -380,12 +381,13 @@ class Prophet(ByteScheduler):
                 del self._finishes[k]
                 break
 
-    def _flight_window(self) -> float:
-        """Bytes in flight that keep the link busy where pulls follow pushes (module docstring)."""
-        if not self.flight_window:
-            return math.inf
-        depth = len(self._stage_free) * (self.settings.max_chunk_bytes or self._default_cap)
-        return max(depth, self.bandwidth.bytes_per_s * self.bandwidth.latency)
+    def _window_full(self) -> bool:
+        """Whether what is in flight fills the flight window, the larger of one chunk per stage and
+        the link's rate times its start-up latency (module docstring). The monitor is read only past
+        the first: most calls find less in flight."""
+        if not self.flight_window or self.in_flight_bytes < self._flight_depth:
+            return False
+        return self.in_flight_bytes >= self.bandwidth.bytes_per_s * self.bandwidth.latency
 
     def _first_stage_lag(self, lag: float) -> float:
         """How far the link's first stage runs behind the model. On a parameter server a piece

@@ -362,7 +362,7 @@ class LatePeerLink(PullRequestLink):
     def send(self, task):
         now = self.loop.clock.now()
         self.sent.append((now, task))
-        service = COST + task.nbytes / BANDWIDTH
+        service = COST + task.nbytes / self.rate
         self.up_free = max(self.up_free, now) + service
         peer_ready = self.ready[(task.iteration, task.index)] + self.delay
         self.peer_up_free = max(self.peer_up_free, peer_ready, now) + service
