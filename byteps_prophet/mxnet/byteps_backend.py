@@ -117,14 +117,6 @@ class BytePSTransport:
 class BytePSScheduledKVStore(ScheduledKVStore):
     """ScheduledKVStore whose atoms are synchronised by ``byteps.mxnet`` push_pull."""
 
-    # BytePS pulls a partition only once its push is acknowledged, as under torch. Told so, Prophet
-    # keeps its hold after backward, 2 MiB chunks and ByteScheduler's credit as a bound on what is in
-    # flight; without them it put a step's atoms in flight at once and BytePS finished them together,
-    # gradient 0 last. Transformer 300 Mbit/s, Prophet / BS 0.959x and 0.956x told, 0.718x-0.825x
-    # not (docs/AB.md section 16). Told before the followers followed the leader's order it measured
-    # worse (0.952x against 0.978x): their pushes queued ahead of the leader's pull requests anyway.
-    pulls_follow_pushes = True
-
     def __init__(self, kvstore, settings: Settings | None = None, **kwargs) -> None:
         self._init_pool: ThreadPoolExecutor | None = None
         self._init_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bpp-bps-fill")
