@@ -31,6 +31,7 @@ COMPUTE_ONLY, COMM_ONLY = "compute_only", "comm_only"
 CHOICES = VARIANTS + (COMPUTE_ONLY, COMM_ONLY)
 REFERENCES = (COMPUTE_ONLY, COMM_ONLY)
 BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
+MXNET_SCALABLE = ("vgg", "transformer", "mlp")  # = mxnet.models.SCALABLE, without importing mxnet
 # Besides the scheduling knobs the cluster passes through, the caller's variables that set the
 # frameworks' threads (MXNet's engine workers, OpenMP, MKL): each can move one schedule more than
 # another (docs/AB.md section 18), so the results name them.
@@ -71,6 +72,11 @@ class ABConfig:
                 raise UserError(f"--{name} {getattr(self, name)} is invalid; valid: an integer >= 1")
         if self.warmup < 0:
             raise UserError(f"--warmup {self.warmup} is invalid; valid: an integer >= 0")
+        if not self.width > 0:
+            raise UserError(f"--width {self.width:g} is invalid; valid: a number > 0")
+        if self.framework == "mxnet" and self.width != 1.0 and self.model not in MXNET_SCALABLE:
+            raise UserError(f"--width {self.width:g} with --framework mxnet --model {self.model}: its width is "
+                            f"fixed; valid: --width 1.0, or --model {', '.join(MXNET_SCALABLE)}")
         if self.workers < 2:
             raise UserError(f"--workers {self.workers} is invalid; valid: an integer >= 2 (A/B needs communication)")
         try:
@@ -89,9 +95,9 @@ def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, 
     backend = "local" if variant == COMPUTE_ONLY else cfg.backend
     argv = [sys.executable, "-m", f"byteps_prophet.{cfg.framework}.bench", "--model", cfg.model,
             "--batch", str(cfg.batch), "--steps", str(cfg.steps), "--warmup", str(cfg.warmup),
-            "--backend", backend, "--workers", str(cfg.workers)]
+            "--backend", backend, "--workers", str(cfg.workers), "--width", str(cfg.width)]
     if cfg.framework == "torch":
-        argv += ["--threads", str(cfg.threads), "--width", str(cfg.width)]
+        argv += ["--threads", str(cfg.threads)]
     if progress:
         argv.append("--progress")
     if tune:

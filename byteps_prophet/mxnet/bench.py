@@ -55,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--kvstore", default="dist_sync", help="MXNet kvstore type (default dist_sync)")
     parser.add_argument("--input-size", type=int, default=None,
                         help="image side / sequence length (default per model: resnet 64, vgg 32, vgg16 224, transformer 16)")
+    parser.add_argument("--width", type=float, default=1.0,
+                        help="width multiplier of vgg, transformer and mlp (default 1.0)")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--json-out", default=None, help="also write the JSON line to this file (worker 0)")
     parser.add_argument("--workers", type=int, default=None,
@@ -76,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name} must be >= 1")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
+    if not args.width > 0:
+        parser.error("--width must be > 0")
     return args
 
 
@@ -125,7 +129,7 @@ def run(args: argparse.Namespace) -> dict | None:
         kv = ScheduledKVStore(mx.kv.create(args.kvstore), settings=settings)
 
     mx.random.seed(1)
-    net = models.build(args.model)
+    net = models.build(args.model, width=args.width)
     net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
     if os.environ.get("BPP_BENCH_HYBRIDIZE", "0") == "1":
         net.hybridize(static_alloc=True, static_shape=True)
@@ -165,8 +169,8 @@ def run(args: argparse.Namespace) -> dict | None:
     params = [p for p in net.collect_params().values() if p.grad_req != "null"]
     result = {
         "framework": "mxnet", "backend": args.backend, "scheduler": settings.scheduler,
-        "model": args.model, "batch": args.batch, "workers": kv.num_workers, "rank": kv.rank, "leader": leader,
-        "warmup": args.warmup, "tensors": len(params),
+        "model": args.model, "width": args.width, "batch": args.batch, "workers": kv.num_workers, "rank": kv.rank,
+        "leader": leader, "warmup": args.warmup, "tensors": len(params),
         "param_bytes": int(sum(p.data().size * 4 for p in params)),
         "partition": settings.partition, "credit": settings.credit, "prophet_mode": settings.prophet_mode,
     }
@@ -220,7 +224,7 @@ def comm_only(args, kv) -> dict:
     from byteps_prophet.mxnet import models
 
     mx.random.seed(1)
-    net = models.build(args.model)
+    net = models.build(args.model, width=args.width)
     net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
     net(mx.nd.zeros(models.input_shape(args.model, args.batch, args.input_size)))  # complete deferred shapes
     params = [p for p in net.collect_params().values() if p.grad_req != "null"]
@@ -244,8 +248,8 @@ def comm_only(args, kv) -> dict:
     for _ in range(args.steps):
         one_step()
     elapsed = time.monotonic() - start
-    result = {"framework": "mxnet", "backend": args.backend, "model": args.model, "batch": args.batch,
-              "workers": kv.num_workers, "rank": kv.rank, "leader": leader, "steps": args.steps, "comm_only": True,
+    result = {"framework": "mxnet", "backend": args.backend, "model": args.model, "width": args.width,
+              "batch": args.batch, "workers": kv.num_workers, "rank": kv.rank, "leader": leader, "steps": args.steps, "comm_only": True,
               "tensors": len(params), "param_bytes": int(sum(g.size * 4 for g in grads)),
               "samples_per_s": args.batch * kv.num_workers * args.steps / elapsed,
               "step_s_median": elapsed / args.steps}

@@ -9,6 +9,10 @@
 * ``mlp``: a tiny perceptron (256 -> 512 -> 512 -> classes, 0.4 M parameters; tests).
 * ``transformer``: a transformer-ish MLP: token embedding projection, N residual blocks of
   LayerNorm + Dense(d, 4d) + GELU + Dense(4d, d), a classifier; 12.7 M parameters at d=512, N=6.
+
+``width`` scales the channel counts and dense sizes of ``vgg``, ``transformer`` and ``mlp`` (1.0 = the
+sizes above; the transformer's d=512 x width), as the torch models' ``width`` does; the model-zoo
+models keep theirs.
 """
 from __future__ import annotations
 
@@ -19,21 +23,27 @@ from mxnet.gluon import nn
 from byteps_prophet.errors import UserError
 
 MODELS = ("resnet18", "resnet50", "vgg", "vgg16", "transformer", "mlp")
+SCALABLE = ("vgg", "transformer", "mlp")  # the models ``width`` applies to
 DEFAULT_INPUT = {"resnet18": 64, "resnet50": 64, "vgg": 32, "vgg16": 224, "transformer": 16, "mlp": 256}
 
 
+def _scaled(size: int, width: float) -> int:
+    return max(4, int(size * width))
+
+
 class VGGStyle(gluon.HybridBlock):
-    def __init__(self, classes: int = 10, **kwargs):
+    def __init__(self, classes: int = 10, width: float = 1.0, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
             self.features = nn.HybridSequential(prefix="")
-            for channels, convs in ((64, 1), (128, 1), (256, 2), (512, 2), (512, 2)):
+            for stage, (channels, convs) in enumerate(((64, 1), (128, 1), (256, 2), (512, 2), (512, 2))):
                 for _ in range(convs):
-                    self.features.add(nn.Conv2D(channels, 3, padding=1, activation="relu"))
-                if channels != 512 or len(self.features) < 8:
+                    self.features.add(nn.Conv2D(_scaled(channels, width), 3, padding=1, activation="relu"))
+                if stage < 3:  # three poolings: 32x32 inputs reach the head at 4x4
                     self.features.add(nn.MaxPool2D(2, 2))
+            hidden = _scaled(4096, width)
             self.head = nn.HybridSequential(prefix="")
-            self.head.add(nn.Flatten(), nn.Dense(4096, activation="relu"), nn.Dense(4096, activation="relu"),
+            self.head.add(nn.Flatten(), nn.Dense(hidden, activation="relu"), nn.Dense(hidden, activation="relu"),
                           nn.Dense(classes))
 
     def hybrid_forward(self, F, x):
@@ -69,21 +79,25 @@ class TransformerMLP(gluon.HybridBlock):
         return self.out(F.mean(self.norm(self.blocks(self.embed(x))), axis=1))
 
 
-def build(name: str, classes: int = 10) -> gluon.HybridBlock:
+def build(name: str, classes: int = 10, width: float = 1.0) -> gluon.HybridBlock:
+    if width != 1.0 and name not in SCALABLE:
+        raise UserError(f"--width {width:g} with --model {name}: the model-zoo models have fixed widths; "
+                        f"valid: --width 1.0, or --model {', '.join(SCALABLE)}")
     vision = gluon.model_zoo.vision
     if name == "resnet18":
         return vision.resnet18_v1(classes=classes)
     if name == "resnet50":
         return vision.resnet50_v1(classes=classes)
     if name == "vgg":
-        return VGGStyle(classes)
+        return VGGStyle(classes, width)
     if name == "vgg16":
         return vision.vgg16(classes=classes)
     if name == "transformer":
-        return TransformerMLP(classes)
+        return TransformerMLP(classes, d=_scaled(512, width))
     if name == "mlp":
+        hidden = _scaled(512, width)
         net = nn.HybridSequential()
-        net.add(nn.Dense(512, activation="relu"), nn.Dense(512, activation="relu"), nn.Dense(classes))
+        net.add(nn.Dense(hidden, activation="relu"), nn.Dense(hidden, activation="relu"), nn.Dense(classes))
         return net
     raise UserError(f"--model {name!r} is not a model; valid: {', '.join(MODELS)}")
 

@@ -29,6 +29,8 @@ def test_parse_result_takes_the_json_line():
     (dict(workers=1), "--workers"),
     (dict(warmup=-1), "--warmup"),
     (dict(bandwidth="100"), "100"),
+    (dict(width=0), "--width 0 is invalid"),
+    (dict(framework="mxnet", backend="kvstore", model="resnet", width=0.5), "valid: --width 1.0, or --model vgg"),
 ])
 def test_config_errors_are_one_line(kwargs, match):
     with pytest.raises(UserError, match=match) as err:
@@ -41,6 +43,7 @@ def test_bench_command_contract():
     argv = bench_command(cfg)
     assert argv[1:3] == ["-m", "byteps_prophet.mxnet.bench"]
     assert argv[argv.index("--steps") + 1] == "7" and argv[argv.index("--backend") + 1] == "kvstore"
+    assert argv[argv.index("--width") + 1] == "1.0"  # both frameworks' benches take --width
     assert "--progress" in bench_command(ABConfig(), progress=True)
 
 

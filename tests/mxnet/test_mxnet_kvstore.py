@@ -45,8 +45,31 @@ def test_atoms_cover_rows_once_and_follow_the_scheduler():
 
 
 def test_bench_model_list_matches():
+    from byteps_prophet.ab import runner
     from byteps_prophet.mxnet import bench, models
     assert bench.MODELS == models.MODELS
+    assert runner.MXNET_SCALABLE == models.SCALABLE
+
+
+def _parameter_count(name: str, width: float) -> int:
+    from byteps_prophet.mxnet import models
+    net = models.build(name, width=width)
+    net.initialize()
+    net(mx.nd.zeros(models.input_shape(name, 1)))  # complete deferred shapes
+    return sum(p.data().size for p in net.collect_params().values())
+
+
+def test_width_scales_the_models_that_have_one():
+    """--width 1.0 keeps the documented sizes; the dense layers scale as width squared."""
+    from byteps_prophet.errors import UserError
+    from byteps_prophet.mxnet import models
+    assert round(_parameter_count("vgg", 1.0) / 1e6, 1) == 59.6
+    assert round(_parameter_count("transformer", 1.0) / 1e6, 1) == 12.7
+    half = _parameter_count("transformer", 0.5) / _parameter_count("transformer", 1.0)
+    assert 0.24 < half < 0.27
+    assert _parameter_count("vgg", 0.5) < 0.27 * 59.6e6
+    with pytest.raises(UserError, match="valid: --width 1.0, or --model vgg, transformer, mlp"):
+        models.build("resnet18", width=0.5)
 
 
 def test_atom_env_validated():
