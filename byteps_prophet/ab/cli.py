@@ -20,7 +20,8 @@ def register(subparsers) -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--width", type=float, default=1.0, help="model width multiplier (default 1.0; MXNet: vgg, transformer)")
+    p.add_argument("--width", type=float, default=1.0,
+                   help="model width multiplier (default 1.0; MXNet: vgg and transformer only)")
     p.add_argument("--threads", type=int, default=1, help="compute threads per worker (torch)")
     p.add_argument("--no-tune", action="store_true", help="skip the tuned-credit ByteScheduler variant")
     p.add_argument("--tune-steps", type=int, default=3, help="steps per tuning probe")

@@ -249,7 +249,8 @@ def comm_only(args, kv) -> dict:
         one_step()
     elapsed = time.monotonic() - start
     result = {"framework": "mxnet", "backend": args.backend, "model": args.model, "width": args.width,
-              "batch": args.batch, "workers": kv.num_workers, "rank": kv.rank, "leader": leader, "steps": args.steps, "comm_only": True,
+              "batch": args.batch, "workers": kv.num_workers, "rank": kv.rank, "leader": leader,
+              "steps": args.steps, "comm_only": True,
               "tensors": len(params), "param_bytes": int(sum(g.size * 4 for g in grads)),
               "samples_per_s": args.batch * kv.num_workers * args.steps / elapsed,
               "step_s_median": elapsed / args.steps}
