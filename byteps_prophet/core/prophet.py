@@ -48,7 +48,7 @@ Two modes:
            transformer 300 Mbit/s Prophet/BS 1.062x without the hold, 0.989x with it; resnet b128
            level (docs/AB.md section 8).
            Except where a pull is requested only once its push is acknowledged, over the same uplink
-           (the transport's ``pulls_follow_pushes``: BytePS's push_pull): there the request queues
+           (the transport's ``pulls_follow_pushes``: BytePS, MXNet's dist store): there the request queues
            behind every byte pushed before it, so everything in flight at once finishes all pushes
            before any pull and gradient 0 waits for all of them; the hold stays, which keeps the
            pushes queued ahead of a request to about a completion's worth plus the latency. torch
