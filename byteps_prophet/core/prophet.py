@@ -326,7 +326,6 @@ class Prophet(ByteScheduler):
             if bandwidth is None:
                 bandwidth, cost = self.bandwidth.rate_and_cost()
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
-                cap = self._chunk_cap
             # Bytes for the chunk that starts on the link at ``start`` (module docstring); an arrival
             # can reach the link ``latency`` after it happens.
             if start < end + latency:
@@ -341,8 +340,8 @@ class Prophet(ByteScheduler):
                 chunk = self._drain_chunk
             if chunk < floor:
                 chunk = floor
-            if chunk > cap:
-                chunk = cap
+            if chunk > self._chunk_cap:
+                chunk = self._chunk_cap
             # The most urgent pending rows, cut to ``chunk`` (``_cut``, inlined): the rest stays queued.
             piece = heappop(queue)[2]
             if piece.nbytes > 1.25 * chunk:
