@@ -36,12 +36,18 @@ def register(subparsers) -> None:
                         "communication), comm_only (only the gradients' synchronisation, no compute; not for mxnet/byteps)")
     p.add_argument("--record", default=None, metavar="DIR",
                    help="write each run's profile (for `simulate --profile`) and rank-0 event trace into DIR")
+    p.add_argument("--pool", nargs="+", default=None, metavar="JSON",
+                   help="run nothing: summarise together the rounds of earlier `ab --json` outputs of the same "
+                        "configuration (table, --json, --plot as for a run)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from byteps_prophet.ab.runner import CHOICES, ABConfig, ABRunner, format_table, plot
+    from byteps_prophet.ab.runner import CHOICES, ABConfig, ABRunner, pool
     from byteps_prophet.errors import UserError
+
+    if args.pool:
+        return report(pool(args.pool), args)
 
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     bad = [v for v in variants if v not in CHOICES]
@@ -60,7 +66,12 @@ def run(args) -> int:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency
         tqdm = None
-    summary = ABRunner(cfg, progress=tqdm).run()
+    return report(ABRunner(cfg, progress=tqdm).run(), args)
+
+
+def report(summary: dict, args) -> int:
+    from byteps_prophet.ab.runner import format_table, plot
+
     if args.plot:
         plot(summary, args.plot)
     if args.json:

@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from byteps_prophet.ab.stats import LEVEL, paired_ratios, speedup
 from byteps_prophet.errors import UserError
 
 VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
@@ -256,54 +257,107 @@ class ABRunner:
         return self.summary()
 
     def summary(self) -> dict:
-        results = {}
-        for variant in dict.fromkeys(run["variant"] for run in self.runs):
-            rates = [run["samples_per_s"] for run in self.runs if run["variant"] == variant]
-            results[variant] = {"samples_per_s": statistics.median(rates), "spread": max(rates) - min(rates),
-                                "min": min(rates), "max": max(rates), "runs": rates}
-        speedups = {}
-        for a, b in (("prophet", "fifo"), ("prophet", "bytescheduler"), ("prophet", "bytescheduler_tuned"),
-                     ("bytescheduler", "fifo"), ("bytescheduler_tuned", "fifo")):
-            if a in results and b in results:
-                ratios = []
-                for r in sorted({run["round"] for run in self.runs}):
-                    ra = [x["samples_per_s"] for x in self.runs if x["variant"] == a and x["round"] == r]
-                    rb = [x["samples_per_s"] for x in self.runs if x["variant"] == b and x["round"] == r]
-                    if ra and rb:
-                        ratios.append(ra[0] / rb[0])
-                speedups[f"{a}/{b}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                                        "of_medians": results[a]["samples_per_s"] / results[b]["samples_per_s"]}
-        cfg = asdict(self.cfg)
-        cfg["variants"] = list(cfg["variants"])
-        return {"config": cfg, "environment": self.environment, "netns": getattr(self, "netns", None),
-                "results": results, "speedups": speedups,
-                "limit": self.limit(results), "tuning": self.tuning, "warnings": self.warnings, "runs": self.runs}
+        return summarize(self.cfg, self.runs, netns=getattr(self, "netns", None), environment=self.environment,
+                         tuning=self.tuning, warnings=self.warnings)
 
-    def limit(self, results: dict) -> dict | None:
-        """The most samples/s a schedule can expect here (ALGORITHMS.md section 4): the slowest of
-        compute alone and communication alone (the compute_only and comm_only runs' medians) and the
-        link's nominal time for one step's bytes (no protocol overhead: optimistic; left out under a
-        bandwidth schedule or without shaping). Compute alone and the nominal link bound every
-        schedule; communication alone is the engine's own unscheduled synchronisation, which a
-        parameter-server schedule that overlaps push and pull can pass (share above 100%)."""
-        cfg = self.cfg
-        limit: dict = {}
-        for name in REFERENCES:
-            if name in results:
-                limit[name.replace("_only", "") + "_samples_per_s"] = results[name]["samples_per_s"]
-        model_bytes = next((run["param_bytes"] for run in self.runs if run.get("param_bytes")), None)
-        if model_bytes and not cfg.bandwidth_schedule and getattr(self, "netns", None):
-            from byteps_prophet.units import parse_bandwidth
 
-            limit["link_bytes_per_step"] = link_bytes_per_step(cfg, model_bytes)
-            step_s = limit["link_bytes_per_step"] * 8 / parse_bandwidth(cfg.bandwidth)
-            limit["link_samples_per_s"] = cfg.workers * cfg.batch / step_s
-        if not limit:
-            return None
-        limit["samples_per_s"] = min(v for k, v in limit.items() if k.endswith("samples_per_s"))
-        limit["share"] = {name: res["samples_per_s"] / limit["samples_per_s"]
-                          for name, res in results.items() if name not in REFERENCES}
-        return limit
+PAIRS = (("prophet", "fifo"), ("prophet", "bytescheduler"), ("prophet", "bytescheduler_tuned"),
+         ("bytescheduler", "fifo"), ("bytescheduler_tuned", "fifo"))
+
+
+def summarize(cfg: ABConfig, runs: list[dict], *, netns: bool | None, environment: dict, tuning: dict | None,
+              warnings: list[str]) -> dict:
+    """The A/B's JSON object: per variant its median samples/s and spread, per pair of variants the
+    median of their per-round ratios with its interval (stats.py), and the limit."""
+    results = {}
+    for variant in dict.fromkeys(run["variant"] for run in runs):
+        rates = [run["samples_per_s"] for run in runs if run["variant"] == variant]
+        results[variant] = {"samples_per_s": statistics.median(rates), "spread": max(rates) - min(rates),
+                            "min": min(rates), "max": max(rates), "runs": rates}
+    speedups = {}
+    for a, b in PAIRS:
+        ratios = paired_ratios(runs, a, b)
+        if ratios:
+            speedups[f"{a}/{b}"] = speedup(ratios, results[a]["samples_per_s"] / results[b]["samples_per_s"])
+    config = asdict(cfg)
+    config["variants"] = list(config["variants"])
+    return {"config": config, "environment": environment, "netns": netns,
+            "results": results, "speedups": speedups, "limit": limit(cfg, runs, results, netns),
+            "tuning": tuning, "warnings": warnings, "runs": runs}
+
+
+def limit(cfg: ABConfig, runs: list[dict], results: dict, netns: bool | None) -> dict | None:
+    """The most samples/s a schedule can expect here (ALGORITHMS.md section 4): the slowest of
+    compute alone and communication alone (the compute_only and comm_only runs' medians) and the
+    link's nominal time for one step's bytes (no protocol overhead: optimistic; left out under a
+    bandwidth schedule or without shaping). Compute alone and the nominal link bound every
+    schedule; communication alone is the engine's own unscheduled synchronisation, which a
+    parameter-server schedule that overlaps push and pull can pass (share above 100%)."""
+    found: dict = {}
+    for name in REFERENCES:
+        if name in results:
+            found[name.replace("_only", "") + "_samples_per_s"] = results[name]["samples_per_s"]
+    model_bytes = next((run["param_bytes"] for run in runs if run.get("param_bytes")), None)
+    if model_bytes and not cfg.bandwidth_schedule and netns:
+        from byteps_prophet.units import parse_bandwidth
+
+        found["link_bytes_per_step"] = link_bytes_per_step(cfg, model_bytes)
+        step_s = found["link_bytes_per_step"] * 8 / parse_bandwidth(cfg.bandwidth)
+        found["link_samples_per_s"] = cfg.workers * cfg.batch / step_s
+    if not found:
+        return None
+    found["samples_per_s"] = min(v for k, v in found.items() if k.endswith("samples_per_s"))
+    found["share"] = {name: res["samples_per_s"] / found["samples_per_s"]
+                      for name, res in results.items() if name not in REFERENCES}
+    return found
+
+
+# What must agree for rounds of several A/Bs to be pooled: the experiment, not how many steps it timed.
+POOLED_CONFIG = ("framework", "backend", "model", "workers", "bandwidth", "bandwidth_schedule", "warmup",
+                 "batch", "width", "threads")
+
+
+def pool(paths: list[str]) -> dict:
+    """One summary of the rounds of several ``ab --json`` outputs of the same configuration and
+    environment (each file's rounds stay paired within themselves)."""
+    loaded = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                summary = json.load(f)
+            config, runs = summary["config"], summary["runs"]
+        except OSError as err:
+            raise UserError(f"--pool {path}: cannot read it ({err.strerror})") from None
+        except (ValueError, KeyError, TypeError):
+            raise UserError(f"--pool {path}: not the JSON of `byteps-prophet ab --json`") from None
+        loaded.append((path, summary, config, runs))
+    first_path, first, first_config, _ = loaded[0]
+    for path, summary, config, _ in loaded[1:]:
+        for key in POOLED_CONFIG:
+            if config.get(key) != first_config.get(key):
+                raise UserError(f"--pool {path}: {key} {config.get(key)!r} differs from {first_path}'s "
+                                f"{first_config.get(key)!r}; valid: outputs of the same configuration")
+        if summary.get("environment") != first.get("environment"):
+            raise UserError(f"--pool {path}: its environment {summary.get('environment')} differs from "
+                            f"{first_path}'s {first.get('environment')}; valid: outputs run with the same knobs")
+    runs, offset, sources = [], 0, []
+    for path, summary, _, file_runs in loaded:
+        rounds = sorted({run["round"] for run in file_runs})
+        renumber = {r: offset + k for k, r in enumerate(rounds)}
+        runs += [dict(run, round=renumber[run["round"]]) for run in file_runs]
+        offset += len(rounds)
+        sources.append({"path": path, "rounds": len(rounds), "steps": summary["config"].get("steps"),
+                        "tuning": summary.get("tuning")})
+    fields = ABConfig.__dataclass_fields__
+    cfg = ABConfig(**{k: v for k, v in first_config.items() if k in fields})
+    cfg.variants = tuple(dict.fromkeys(run["variant"] for run in runs))
+    cfg.rounds = offset
+    netns = all(summary.get("netns") for _, summary, _, _ in loaded)
+    warnings = list(dict.fromkeys(w for _, summary, _, _ in loaded for w in summary.get("warnings", [])))
+    out = summarize(cfg, runs, netns=netns, environment=first.get("environment", {}), tuning=None,
+                    warnings=warnings)
+    out["pooled_from"] = sources  # each output's tuned credit is its own
+    return out
 
 
 def run_environment(environ=None) -> dict[str, str]:
@@ -331,6 +385,9 @@ def format_table(summary: dict) -> str:
             f"{cfg['bandwidth']}" + (f" -> {' -> '.join(cfg['bandwidth_schedule'])}" if cfg["bandwidth_schedule"] else "")
             + f", {cfg['steps']} steps x {cfg['rounds']} rounds" + ("" if summary.get("netns") else " (LOOPBACK, unshaped)"))
     lines = [head]
+    if summary.get("pooled_from"):
+        lines.append("pooled: " + ", ".join(f"{src['path']} ({src['rounds']} rounds of {src['steps']} steps)"
+                                            for src in summary["pooled_from"]))
     if summary.get("environment"):
         lines.append("environment: " + " ".join(f"{k}={v}" for k, v in summary["environment"].items()))
     lines += [f"{'scheduler':<22}{'samples/s (median)':>20}{'spread (max-min)':>18}{'vs fifo':>9}"]
@@ -356,8 +413,19 @@ def format_table(summary: dict) -> str:
         lines.append(f"limit: {limit['samples_per_s']:.2f} samples/s ({'; '.join(parts)}); reached: {share}")
     for key, s in summary["speedups"].items():
         lines.append(f"speedup {key:<34} median of per-round ratios {s['median']:.3f}x "
-                     f"(min {s['min']:.3f}, max {s['max']:.3f})")
+                     f"(min {s['min']:.3f}, max {s['max']:.3f}; {describe_interval(s)})")
     return "\n".join(lines)
+
+
+def describe_interval(speedup: dict) -> str:
+    """How sure the median is, in words (stats.py): its interval, and too few rounds said as such."""
+    interval, rounds = speedup.get("interval"), speedup.get("rounds")
+    if not interval:  # an output written before intervals were reported
+        return "no interval"
+    span = f"{interval['low']:.3f}-{interval['high']:.3f}"
+    if interval["confidence"] >= LEVEL:
+        return f"{LEVEL:.0%} interval {span} over {rounds} rounds"
+    return f"the {rounds} rounds' range {span} holds the median with {interval['confidence']:.0%}; 6 rounds give {LEVEL:.0%}"
 
 
 def plot(summary: dict, path: str) -> None:
