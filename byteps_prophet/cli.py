@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 
@@ -65,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print(f"byteps-prophet {args.command}: terminated", file=sys.stderr)
         return 143
+    except BrokenPipeError:
+        # The reader went away (``| head``): what it wanted it has. Python's documented way out: point
+        # stdout at devnull so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
 

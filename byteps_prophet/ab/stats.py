@@ -32,13 +32,16 @@ def median_interval(values: list[float], level: float = LEVEL) -> tuple[float, f
     if not n:
         raise ValueError("median_interval of no values")
 
-    def coverage(k: int) -> float:
-        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0 ** n
-
-    k = 1
-    while k < (n + 1) // 2 and coverage(k + 1) >= level:
-        k += 1
-    return xs[k - 1], xs[n - k], coverage(k)
+    # [x_(k), x_(n+1-k)] misses the median with probability 2 P(Binomial(n, 1/2) < k); exact integers,
+    # since 2^n overflows a float past about a thousand rounds
+    total = 1 << n
+    k, below = 1, 1  # below = the number of outcomes with fewer than k values under the median
+    while k < (n + 1) // 2:
+        wider = below + math.comb(n, k)
+        if 1 - 2 * wider / total < level:
+            break
+        k, below = k + 1, wider
+    return xs[k - 1], xs[n - k], 1 - 2 * below / total
 
 
 def speedup(ratios: list[float], of_medians: float) -> dict:

@@ -21,7 +21,7 @@ def test_paired_ratios_pair_within_rounds_only():
     assert paired_ratios(runs, "prophet", "fifo") == [1.2, 0.75]
 
 
-@pytest.mark.parametrize("n, k", [(6, 1), (8, 1), (9, 2), (12, 3), (20, 6), (30, 10)])
+@pytest.mark.parametrize("n, k", [(6, 1), (8, 1), (9, 2), (12, 3), (20, 6), (30, 10), (3000, 1446)])
 def test_the_interval_is_the_sign_tests(n, k):
     # the k-th smallest and largest of n values: the largest k with 1 - 2 P(Bin(n, 1/2) < k) >= 95%
     # (tables of the binomial: n = 20 -> the 6th and 15th values, 95.9%)
@@ -107,3 +107,14 @@ def test_cli_pool_prints_the_table_and_exit_2_on_a_bad_file(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "ab", "--pool", a, str(tmp_path / "x.json")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "x.json" in proc.stderr
+
+
+def test_cli_output_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
+    # `byteps-prophet ab ... --json | head -c 100`: no traceback when the reader goes away
+    big = _output(tmp_path / "big.json", [{"fifo": 100.0 + r % 7, "prophet": 99.0 + r % 5} for r in range(3000)])
+    proc = subprocess.Popen([sys.executable, "-m", "byteps_prophet", "ab", "--pool", big, "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(100)
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr.read() == b""
