@@ -417,9 +417,9 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def describe_interval(speedup: dict) -> str:
-    """How sure the median is, in words (stats.py): its interval, and too few rounds said as such."""
-    interval, rounds = speedup.get("interval"), speedup.get("rounds")
+def describe_interval(pair: dict) -> str:
+    """How sure a speedup's median is, in words (stats.py): its interval, and too few rounds said as such."""
+    interval, rounds = pair.get("interval"), pair.get("rounds")
     if not interval:  # an output written before intervals were reported
         return "no interval"
     span = f"{interval['low']:.3f}-{interval['high']:.3f}"
