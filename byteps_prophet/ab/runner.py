@@ -419,9 +419,7 @@ def format_table(summary: dict) -> str:
 
 def describe_interval(pair: dict) -> str:
     """How sure a speedup's median is, in words (stats.py): its interval, and too few rounds said as such."""
-    interval, rounds = pair.get("interval"), pair.get("rounds")
-    if not interval:  # an output written before intervals were reported
-        return "no interval"
+    interval, rounds = pair["interval"], pair["rounds"]
     span = f"{interval['low']:.3f}-{interval['high']:.3f}"
     if interval["confidence"] >= LEVEL:
         return f"{LEVEL:.0%} interval {span} over {rounds} rounds"
