@@ -99,6 +99,18 @@ Two modes:
            then waited for it on an idle uplink. So the hold also asks for a tick (``on_wakeup``) at
            the last moment a piece sent then reaches the link as it frees: the link never idles for
            a late event (docs/AB.md section 15).
+           A link that keeps up, where pulls follow pushes: when the profiled arrivals, served in
+           arrival order at the measured rate, leave at most ``KEEPS_UP_BACKLOG`` of the step's bytes
+           queued at the predicted end of backward, nothing waits for a prediction to reorder, and
+           the iteration goes under ByteScheduler's credit (as without a profile). On those engines
+           the hold costs CPU that the link model does not see: BytePS-MXNet resnet b128 1 Gbit/s,
+           the leader's CPU per step 1.78-1.95 s held, ByteScheduler's 1.57-1.71 s, and Prophet
+           0.955x of FIFO over 32 rounds. The rate that decides is one that ``KEEPS_UP_REACHED`` of
+           the last ``KEEPS_UP_ITERATIONS`` iterations' readings reached: a completion that waited
+           for a slower peer reads as a slow link, so most readings under the credit there are low
+           (3.4-79 MB/s at the start of an iteration, a third below 20) and even their median held
+           a third of the iterations, while a rate that two readings reached the link did deliver
+           (docs/AB.md section 24).
 """
 from __future__ import annotations
 
@@ -114,6 +126,9 @@ MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
 PACE_LIMITS = (0.5, 2.0)
 TRAILING_CHUNK_BYTES = 2 * 1024 * 1024  # where pulls follow pushes: module docstring
+KEEPS_UP_BACKLOG = 0.1  # of the step's bytes: module docstring, "A link that keeps up"
+KEEPS_UP_ITERATIONS = 5  # the rate that decides it: one that this many of the last
+KEEPS_UP_REACHED = 2  # ... KEEPS_UP_ITERATIONS iterations' readings reached
 
 
 class Prophet(ByteScheduler):
@@ -135,6 +150,9 @@ class Prophet(ByteScheduler):
     # Whether, where pulls follow pushes, the flight window also bounds what is in flight (True), or
     # only the credit does (False: the rule before, kept so the tests can show it).
     flight_window = True
+    # Whether, where pulls follow pushes, an iteration whose link keeps up goes under ByteScheduler's
+    # credit (True), or is held like any other (False: the rule before, kept so the tests can show it).
+    credit_when_link_keeps_up = True
 
     def __init__(self, settings, clock, transport, on_done=None) -> None:
         super().__init__(settings.replace(credit_tuning=False), clock, transport, on_done)
@@ -180,6 +198,8 @@ class Prophet(ByteScheduler):
         self._finishes: deque[tuple[Task, float]] = deque()
         self._lag = 0.0
         self._drain_chunk: float | None = None
+        # The rate read at the start of each of the last iterations: module docstring, "A link that keeps up"
+        self._recent_rates: deque[float] = deque(maxlen=KEEPS_UP_ITERATIONS)
 
     # -- events --------------------------------------------------------------------------------------
     def _on_ready(self, task: Task) -> None:
@@ -230,6 +250,9 @@ class Prophet(ByteScheduler):
                 for k in range(len(self._order) - 2, -1, -1):
                     total += sizes.get(self._order[k], 0)
                     self._bytes_from[k] = total
+            if self._hold_after_backward and self.credit_when_link_keeps_up and self.mode != "paper" \
+                    and self._link_keeps_up():
+                self._plan = None  # module docstring, "A link that keeps up"
             self._missing = list(self._block_sizes)
         self._upcoming = 0
         self._pace = 1.0
@@ -387,6 +410,21 @@ class Prophet(ByteScheduler):
         if not self.flight_window or self.in_flight_bytes < self._flight_depth:
             return False
         return self.in_flight_bytes >= self.bandwidth.bytes_per_s * self.bandwidth.latency
+
+    def _link_keeps_up(self) -> bool:
+        """Whether the profiled arrivals, served in arrival order at the rate measured over the last
+        iterations, leave at most ``KEEPS_UP_BACKLOG`` of the step's bytes queued at the predicted end
+        of backward (the last arrival, gradient 0's, left out: it goes first under any rule)."""
+        rate = self.bandwidth.bytes_per_s
+        if rate:
+            self._recent_rates.append(rate)
+        if len(self._recent_rates) < KEEPS_UP_REACHED or not self._bytes_from[0]:
+            return False
+        rate, sizes = sorted(self._recent_rates)[-KEEPS_UP_REACHED], self._sizes
+        free = 0.0
+        for index, offset in zip(self._order[:-1], self._order_offsets):
+            free = (free if free > offset else offset) + sizes.get(index, 0) / rate
+        return (free - self._span) * rate <= KEEPS_UP_BACKLOG * self._bytes_from[0]
 
     def _first_stage_lag(self, lag: float) -> float:
         """How far the link's first stage runs behind the model. On a parameter server a piece
