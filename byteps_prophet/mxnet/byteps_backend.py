@@ -117,6 +117,13 @@ class BytePSTransport:
 class BytePSScheduledKVStore(ScheduledKVStore):
     """ScheduledKVStore whose atoms are synchronised by ``byteps.mxnet`` push_pull."""
 
+    # Every atom is a BytePS tensor with its own pipeline on the workers and the servers. Atoms of
+    # ByteScheduler's partition make a step under the credit ByteScheduler's, message for message:
+    # resnet b128 1 Gbit/s (compute-bound) Prophet / FIFO 0.996x with them, 0.930-0.981x with 250 k;
+    # transformer --width 0.6 200 Mbit/s Prophet / BS 1.307x with them, 1.364x with 250 k (docs/AB.md
+    # section 24).
+    atoms_per_partition = 1
+
     def __init__(self, kvstore, settings: Settings | None = None, **kwargs) -> None:
         self._init_pool: ThreadPoolExecutor | None = None
         self._init_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bpp-bps-fill")

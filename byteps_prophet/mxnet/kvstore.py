@@ -89,8 +89,8 @@ def is_leader(kvstore, environ=None) -> bool:
     return kvstore.rank == 0
 
 
-def atom_elements(settings: Settings, environ=None) -> int:
-    return elements_from_env(ATOM_ENV, max(1, settings.partition // 4), environ)
+def atom_elements(settings: Settings, environ=None, per_partition: int = 4) -> int:
+    return elements_from_env(ATOM_ENV, max(1, settings.partition // per_partition), environ)
 
 
 def atom_ranges(shape: tuple[int, ...], scheduler: str, partition: int, atom: int) -> list[tuple[int, int]]:
@@ -160,11 +160,13 @@ class ScheduledKVStore(KVStoreBase):
     # alternating rounds: Prophet 1.084x at 200 Mbit/s, 1.026x at 300, level at 500 and compute-bound
     # (section 21); told before the flight window and one op per atom, it had measured 0.860x.
     pulls_follow_pushes = True
+    # Prophet's default atom: ByteScheduler's partition cut in this many (docs/MXNET.md, "Atoms").
+    atoms_per_partition = 4
 
     def __init__(self, kvstore, settings: Settings | None = None, *, clock=None,
                  idle_close_s: float = IDLE_CLOSE_S) -> None:
         self.settings = Settings.from_env() if settings is None else settings
-        self._atom = atom_elements(self.settings)
+        self._atom = atom_elements(self.settings, per_partition=self.atoms_per_partition)
         self._real = kvstore
         self.serializations = 2  # a push then a pull cross the link
         self._lock = threading.RLock()  # the scheduler and every call into the real store

@@ -17,7 +17,7 @@ from params_check import assert_every_worker_equals, run_report
 pytest.importorskip("mxnet")
 
 WORKER = str(Path(__file__).with_name("worker_train.py"))
-# Prophet's default atoms (partition / 4): its cuts land inside partitions and are honoured.
+# Prophet's default atoms on BytePS-MXNet are the partitions; its cuts end on them.
 ENV = {"BPP_BACKEND": "byteps", "BPP_STEPS": "6", "BYTESCHEDULER_PARTITION": "5000",
        "BYTESCHEDULER_CREDIT": "12000"}
 

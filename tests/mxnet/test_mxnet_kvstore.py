@@ -75,6 +75,7 @@ def test_width_scales_the_models_that_have_one():
 def test_atom_env_validated():
     s = Settings()
     assert atom_elements(s, {}) == s.partition // 4
+    assert atom_elements(s, {}, per_partition=1) == s.partition  # BytePS-MXNet's default
     assert atom_elements(s, {"PROPHET_MXNET_ATOM_ELEMENTS": "5000"}) == 5000
     with pytest.raises(ConfigError, match="PROPHET_MXNET_ATOM_ELEMENTS"):
         atom_elements(s, {"PROPHET_MXNET_ATOM_ELEMENTS": "x"})
