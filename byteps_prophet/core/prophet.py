@@ -198,7 +198,8 @@ class Prophet(ByteScheduler):
         self._finishes: deque[tuple[Task, float]] = deque()
         self._lag = 0.0
         self._drain_chunk: float | None = None
-        # The rate read at the start of each of the last iterations: module docstring, "A link that keeps up"
+        # The rate read at the start of each of the last iterations, with a profile or without:
+        # module docstring, "A link that keeps up"
         self._recent_rates: deque[float] = deque(maxlen=KEEPS_UP_ITERATIONS)
 
     # -- events --------------------------------------------------------------------------------------
@@ -234,6 +235,9 @@ class Prophet(ByteScheduler):
         self._iteration, self._first_ready = iteration, now
         self._arrived = set()
         self._plan = self.profiler.profile if self.bandwidth.known else None
+        rate = self.bandwidth.bytes_per_s
+        if rate:
+            self._recent_rates.append(rate)
         plan = self._plan
         if plan is not None:
             if plan is not self._derived_from:
@@ -415,9 +419,6 @@ class Prophet(ByteScheduler):
         """Whether the profiled arrivals, served in arrival order at the rate measured over the last
         iterations, leave at most ``KEEPS_UP_BACKLOG`` of the step's bytes queued at the predicted end
         of backward (the last arrival, gradient 0's, left out: it goes first under any rule)."""
-        rate = self.bandwidth.bytes_per_s
-        if rate:
-            self._recent_rates.append(rate)
         if len(self._recent_rates) < KEEPS_UP_REACHED or not self._bytes_from[0]:
             return False
         rate, sizes = sorted(self._recent_rates)[-KEEPS_UP_REACHED], self._sizes

@@ -662,3 +662,24 @@ def test_a_link_that_keeps_up_is_not_decided_where_pulls_do_not_follow_pushes():
     link.rate = BANDWIDTH
     prophet, _ = run_told(Prophet, link, SPACED_LAYERS)
     assert prophet.profiler.profile is not None and prophet._plan is not None
+
+
+def test_where_pulls_follow_pushes_the_first_profiled_iteration_is_already_decided():
+    """Rates read before the profile is known count too, so the first iteration with a profile is
+    already decided (the torch A/B times iterations 3-7: waiting for two profiled readings held two)."""
+    loop = Loop()
+    link = PullRequestLink(loop)
+    prophet = Prophet(Settings(scheduler="prophet"), loop.clock, link)
+    prophet.bandwidth = ToldLink(serializations=2)
+    link.scheduler = prophet
+    under_credit = {}
+    begin = prophet._begin_iteration
+
+    def recorded_begin(iteration, now):
+        begin(iteration, now)
+        if prophet.profiler.profile is not None:
+            under_credit[iteration] = prophet._plan is None
+
+    prophet._begin_iteration = recorded_begin
+    run_iterations(prophet, loop, SPACED_LAYERS, iterations=6, period=0.2)
+    assert under_credit and all(under_credit.values())
