@@ -83,17 +83,21 @@ def default_backend_name() -> str:
 PROPHET_PARTITION = 4_000_000  # elements: Prophet's pieces in the queue; its own cuts size what is sent
 
 
-def _prophet_settings(settings: Settings) -> Settings:
+def _prophet_settings(settings: Settings, pulls_follow_pushes: bool = False) -> Settings:
     """Prophet cuts pieces to its predictions itself; ByteScheduler's 1 M-element partition only adds
     messages, and on the real engines every message pays a start-up latency (docs/AB.md). So, unless
-    a partition is set (``BYTESCHEDULER_PARTITION`` or a non-default ``Settings.partition``), Prophet queues pieces of ``BYTEPS_PROPHET_PARTITION`` elements
-    (default 4 M, ByteScheduler's default credit; 0 keeps the ByteScheduler partition)."""
+    a partition is set (``BYTESCHEDULER_PARTITION`` or a non-default ``Settings.partition``), Prophet
+    queues pieces of ``BYTEPS_PROPHET_PARTITION`` elements (0 keeps the ByteScheduler partition):
+    by default 4 M, ByteScheduler's default credit, on all-reduce; where pulls follow pushes (BytePS)
+    0, since every chunk there is at most 2 MiB anyway and a step the link keeps up with goes under
+    ByteScheduler's credit, where 4 M pieces kept one piece in flight (resnet b32 1 Gbit/s: Prophet
+    0.864x of FIFO with them, docs/AB.md section 24)."""
     from byteps_prophet.core.settings import DEFAULT_PARTITION
 
     if (settings.scheduler != "prophet" or settings.partition != DEFAULT_PARTITION
             or os.environ.get("BYTESCHEDULER_PARTITION", "").strip()):
         return settings
-    raw = os.environ.get("BYTEPS_PROPHET_PARTITION", "").strip() or str(PROPHET_PARTITION)
+    raw = os.environ.get("BYTEPS_PROPHET_PARTITION", "").strip() or str(0 if pulls_follow_pushes else PROPHET_PARTITION)
     try:
         value = int(raw)
     except ValueError:
@@ -178,7 +182,7 @@ class _Engine:
             self.by_name[name] = entry
 
         self.leader = backend.rank == 0
-        settings = self.settings = _prophet_settings(settings)
+        settings = self.settings = _prophet_settings(settings, backend.pulls_follow_pushes)
         # The Transport contract, read by the scheduler as it is made: set before it.
         self.serializations = backend.serializations
         self.pulls_follow_pushes = backend.pulls_follow_pushes

@@ -137,12 +137,14 @@ def test_prophet_partition_default_and_overrides(monkeypatch):
     monkeypatch.delenv("BYTESCHEDULER_PARTITION", raising=False)
     monkeypatch.delenv("BYTEPS_PROPHET_PARTITION", raising=False)
     assert _prophet_settings(Settings(scheduler="prophet")).partition == PROPHET_PARTITION
+    assert _prophet_settings(Settings(scheduler="prophet"), pulls_follow_pushes=True).partition == Settings().partition
     assert _prophet_settings(Settings(scheduler="bytescheduler")).partition == Settings().partition
     assert _prophet_settings(Settings(scheduler="prophet", partition=64)).partition == 64
     monkeypatch.setenv("BYTEPS_PROPHET_PARTITION", "0")
     assert _prophet_settings(Settings(scheduler="prophet")).partition == Settings().partition
     monkeypatch.setenv("BYTEPS_PROPHET_PARTITION", "123")
     assert _prophet_settings(Settings(scheduler="prophet")).partition == 123
+    assert _prophet_settings(Settings(scheduler="prophet"), pulls_follow_pushes=True).partition == 123
     monkeypatch.setenv("BYTESCHEDULER_PARTITION", "500")
     assert _prophet_settings(Settings(scheduler="prophet", partition=500)).partition == 500
     monkeypatch.delenv("BYTESCHEDULER_PARTITION")
