@@ -107,10 +107,10 @@ Two modes:
            the leader's CPU per step 1.78-1.95 s held, ByteScheduler's 1.57-1.71 s, and Prophet
            0.955x of FIFO over 32 rounds. The rate that decides is one that ``KEEPS_UP_REACHED`` of
            the last ``KEEPS_UP_ITERATIONS`` iterations' readings reached: a completion that waited
-           for a slower peer reads as a slow link, so most readings under the credit there are low
-           (3.4-79 MB/s at the start of an iteration, a third below 20) and even their median held
-           a third of the iterations, while a rate that two readings reached the link did deliver
-           (docs/AB.md section 24).
+           for a slower peer reads as a slow link, so many readings under the credit there are low
+           (3.4-79 MB/s at the start of an iteration, a third below 20): decided on the reading of
+           the moment a third of the iterations were held, on the median of five 17%, while a rate
+           that two readings reached the link did deliver (docs/AB.md section 24).
 """
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ class ScheduledKVStore(KVStoreBase):
     # alternating rounds: Prophet 1.084x at 200 Mbit/s, 1.026x at 300, level at 500 and compute-bound
     # (section 21); told before the flight window and one op per atom, it had measured 0.860x.
     pulls_follow_pushes = True
-    # Prophet's default atom: ByteScheduler's partition cut in this many (docs/MXNET.md, "Atoms").
+    # Prophet's default atom: ByteScheduler's partition cut in this many (docs/MXNET.md, "Transport").
     atoms_per_partition = 4
 
     def __init__(self, kvstore, settings: Settings | None = None, *, clock=None,
