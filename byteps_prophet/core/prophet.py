@@ -235,9 +235,12 @@ class Prophet(ByteScheduler):
         self._iteration, self._first_ready = iteration, now
         self._arrived = set()
         self._plan = self.profiler.profile if self.bandwidth.known else None
-        rate = self.bandwidth.bytes_per_s
-        if rate:
-            self._recent_rates.append(rate)
+        # module docstring, "A link that keeps up"
+        decide_keeps_up = self._hold_after_backward and self.credit_when_link_keeps_up and self.mode != "paper"
+        if decide_keeps_up:
+            rate = self.bandwidth.bytes_per_s
+            if rate:
+                self._recent_rates.append(rate)
         plan = self._plan
         if plan is not None:
             if plan is not self._derived_from:
@@ -254,9 +257,8 @@ class Prophet(ByteScheduler):
                 for k in range(len(self._order) - 2, -1, -1):
                     total += sizes.get(self._order[k], 0)
                     self._bytes_from[k] = total
-            if self._hold_after_backward and self.credit_when_link_keeps_up and self.mode != "paper" \
-                    and self._link_keeps_up():
-                self._plan = None  # module docstring, "A link that keeps up"
+            if decide_keeps_up and self._link_keeps_up():
+                self._plan = None
             self._missing = list(self._block_sizes)
         self._upcoming = 0
         self._pace = 1.0

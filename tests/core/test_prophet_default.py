@@ -371,13 +371,14 @@ class LatePeerLink(PullRequestLink):
 
 
 class ToldLink(BandwidthMonitor):
-    """The link's true rate and cost, whatever the completions say (isolates the link model's lag)."""
+    """The rate it is told (the link's true rate unless set) and the link's cost, whatever the completions say
+    (isolates the link model's lag)."""
 
     known = True
     bytes_per_s = BANDWIDTH
 
     def rate_and_cost(self):
-        return BANDWIDTH, COST
+        return self.bytes_per_s, COST
 
 
 def run_with_a_late_peer(ticks=True, latency=None, **settings):
