@@ -421,12 +421,16 @@ class _Engine:
             waiting = [self.by_id[id(p)] for p in module._parameters.values()
                        if p is not None and id(p) in self.by_id]
             if waiting:
-                if self.trace is not None and any(e.pending for e in waiting):
-                    t0 = self.clock.now()
-                    self._wait_for(waiting)
-                    self.trace.append(["wait", self.iteration, waiting[0].index, t0, self.clock.now()])
-                else:
-                    self._wait_for(waiting)
+                blocked = any(e.pending for e in waiting)
+                t0 = self.clock.now()
+                self._wait_for(waiting)
+                waited = self.clock.now() - t0
+                if self._fwd_stack:
+                    # the wait falls in the enclosing module's span: not its compute either (else a
+                    # container's waits reach the profile as the next layer's forward time)
+                    self._fwd_stack[-1][2] += waited
+                if self.trace is not None and blocked:
+                    self.trace.append(["wait", self.iteration, waiting[0].index, t0, t0 + waited])
         elif self.error is not None and not self.closed:
             self.raise_if_failed()
         if self._recorder is not None and not self.closed:
