@@ -105,7 +105,7 @@ def test_profile_forward_times_leave_out_the_waits_for_updates(tmp_path):
 
     class SlowLink(LocalBackend):
         def wait(self, handle):
-            time.sleep(0.05)
+            time.sleep(0.1)
 
     class ContainerThenLayer(nn.Module):
         def __init__(self):
@@ -129,10 +129,10 @@ def test_profile_forward_times_leave_out_the_waits_for_updates(tmp_path):
     opt.synchronize()
     opt.close()
     profile = load_profile(path)
-    assert profile.iteration_s > 0.1  # the forward did wait: four 50 ms ops, first.0's last
+    assert profile.iteration_s > 0.2  # the forward did wait: four 100 ms ops, first.0's last
     names = [t.name for t in profile.tensors]
     forward = [it.fwd_s[names.index("last.weight")] for it in profile.iterations]
-    assert max(forward) < 0.03, forward
+    assert max(forward) < 0.1, forward  # a linear layer of 64 x 3
 
 
 @pytest.mark.timeout(120)
