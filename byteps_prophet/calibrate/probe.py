@@ -30,8 +30,10 @@ import time
 # Tensor sizes of the back-to-back groups, in float32 elements (16 KB .. 2 MB: from a bias to the
 # 2 MiB chunk cap, covering the 250 k-element atoms).
 SIZES = (4_096, 16_384, 65_536, 262_144, 524_288)
-GROUP_S = 0.3  # seconds of link time a group aims at
-MIN_GROUP, MAX_GROUP = 3, 8
+GROUP_S = 0.4  # seconds of link time a group aims at
+# At least 6 ops a group: a parameter server interleaves a burst of pushes, so its first completion
+# comes late and the rest bunch up after it; the slope over 6+ completions is its pull-side service.
+MIN_GROUP, MAX_GROUP = 6, 10
 REPS = 2
 ALONE_REPS, BIG_ALONE_REPS, BEHIND_REPS = 6, 3, 3
 PAUSE_S = 0.05  # idle time before an op that must find the link idle
