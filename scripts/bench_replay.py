@@ -128,7 +128,13 @@ def simulator_has_engine() -> bool:
     return "--engine" in proc.stdout
 
 
-def link_args(engine_file: Path, bandwidth: str, with_engine: bool) -> list[str]:
+def link_args(engine_file: Path, bandwidth: str, with_engine: bool, arch: str, workers: int = 2) -> list[str]:
+    """The simulator's link for a configuration: the engine's rate as its calibrated share of the shaped
+    rate, applied to this configuration's rate; without ``--engine``, the per-message cost and start-up
+    latency in the simulator's terms (sim/network.py): a parameter server charges ``--overhead`` on
+    every link a message crosses and ``--latency`` after the push and after the pull (not occupying a
+    link), so latency = start-up / 2; a ring charges both on each of its 2(n-1) steps and the latency
+    occupies the ring, so overhead = cost / 2(n-1) and no latency (the start-up overlaps ops in flight)."""
     from byteps_prophet.units import parse_bandwidth
 
     doc = json.loads(engine_file.read_text())
@@ -139,8 +145,11 @@ def link_args(engine_file: Path, bandwidth: str, with_engine: bool) -> list[str]
     args = ["--bandwidth", f"{rate_bits:.0f}bit"]
     if with_engine:
         return args + ["--engine", str(engine_file)]
-    return args + ["--overhead", f"{traits['message_cost_s'] * 1e6:.0f}us",
-                   "--latency", f"{traits['startup_latency_s'] * 1e6:.0f}us"]
+    if arch == "ps":
+        overhead, latency = traits["message_cost_s"], traits["startup_latency_s"] / 2
+    else:
+        overhead, latency = traits["message_cost_s"] / (2 * (workers - 1)), 0.0
+    return args + ["--overhead", f"{overhead * 1e6:.0f}us", "--latency", f"{latency * 1e6:.0f}us"]
 
 
 def replay(names: list[str], iterations: int) -> dict:
@@ -157,7 +166,7 @@ def replay(names: list[str], iterations: int) -> dict:
             log(f"{name}: skipped, {measured_file if not measured_file.is_file() else engine_file} is missing")
             continue
         measured = json.loads(measured_file.read_text())
-        link = link_args(engine_file, cfg["bandwidth"], with_engine)
+        link = link_args(engine_file, cfg["bandwidth"], with_engine, cfg["arch"])
         arch = ["--arch", "ps", "--servers", "1"] if cfg["arch"] == "ps" else ["--arch", "allreduce"]
         rows = []
         for r in measured["runs"]:
