@@ -3,17 +3,19 @@
 The probe (``probe.py``) reports, per micro-benchmark, when each op was issued and when it completed
 on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate measures"):
 
-* **per-message cost and link rate**: ops of several sizes sent back to back. An op already in flight
-  when the previous one completed was queued on a busy link, so the gap between the two completions is
-  what the link spent on it (the rule of ``backends/link.py``); the median gap per size and repetition
-  is one sample (link bytes, seconds), and the core's least-squares line (``core/bandwidth.py``'s
-  ``_RunningFit``) gives the cost (intercept) and the rate (1 / slope);
-* **start-up latency**: a small op sent onto an idle link, minus its service on every stage;
+* **link rate and start-up latency**: ops of three sizes each sent onto an idle link: the core's
+  least-squares line (``core/bandwidth.py``'s ``_RunningFit``) of time in flight against the bytes
+  they carry over the bottleneck (stages x link bytes) gives the rate (1 / slope); its intercept,
+  less the per-message cost on every stage, is the start-up latency;
+* **per-message cost**: ops of several sizes sent back to back. An op already in flight when the
+  previous one completed was queued on a busy link (the rule of ``backends/link.py``); the slope of
+  completion times over such ops is one service sample (link bytes, seconds) per group, and the
+  intercept of the same least-squares line through them is the cost;
 * **pulls follow pushes** (parameter servers): a small op sent just before a large one, against the
   same op alone: it finishing only after most of the large push means its pull queued behind it;
-* **duplex**: on a parameter server a large op alone pays push then pull; back to back, a duplex link
-  overlaps them (gap = one stage), a half-duplex one does not. For an all-reduce, the measured rate
-  against the shaped one;
+* **duplex**: on a parameter server, a second large op issued once the first's push is over: both
+  done after 3 one-way transfers on a duplex link, 4 on a half-duplex one. For an all-reduce, the
+  measured rate against the shaped one;
 * **compute slowdown**: a fixed CPU workload while the engine moves bytes, over the same alone.
 
 "Link bytes" are what the busiest link carries per op in each direction: a ring all-reduce of S bytes
@@ -36,7 +38,9 @@ BACKENDS = ("byteps", "kvstore", "gloo")
 # torch.distributed sends any slice as it is.
 DEFAULT_ATOM_ELEMENTS = 250_000
 FOLLOW_SHARE = 0.5  # of the large push's service a small op must wait for to be "behind" it
-DUPLEX_RATIO = 1.5  # alone / back-to-back service of a large op above which push and pull overlap
+# Two large ops, the second issued when the first's push is over: a duplex link finishes both after 3
+# one-way transfers (the first's pull overlaps the second's push), a half-duplex one after 4.
+DUPLEX_TRANSFERS = 3.5
 DUPLEX_SHARE = 0.6  # all-reduce: measured rate at least this share of the shaped one
 
 
@@ -118,15 +122,31 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         raise ConfigError(f"calibration: backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
     stages = stages_of(backend)
     samples = service_samples(stream)
-    cost, rate = fit_link(samples)
-
+    cost, stream_rate = fit_link(samples)
+    # The rate from ops alone on an idle link (a line through flight time against the bytes each
+    # crosses the bottleneck with): back to back, BytePS and the KVStore interleave a burst of pushes
+    # and complete the ops in bunches at its end, so completion gaps read the link at 124-170% of
+    # its shaped rate (measured at 200 and 300 Mbit/s); an op alone has no one to share with.
+    alone_line = _RunningFit(window=10_000)
+    for entry in alone.values():
+        for flight in entry["flight_s"]:
+            alone_line.add(stages * float(entry["link_bytes"]), flight)
+    fitted = alone_line.fit()
     small, big = alone["small"], alone["big"]
     small_alone = _median(small["flight_s"], "small op alone")
+    if fitted is not None:
+        intercept, slope = fitted
+        rate = 1.0 / slope
+    else:  # the sizes alone do not spread (an old probe output): the back-to-back line
+        rate = stream_rate
+        intercept = max(0.0, small_alone - stages * small["link_bytes"] / rate)
+    cost = min(cost, intercept / stages)  # never more than what an op alone paid besides its bytes
+    startup = max(0.0, intercept - stages * cost)
     small_service = stages * (cost + small["link_bytes"] / rate)
-    startup = max(0.0, small_alone - small_service)
 
     derived: dict[str, Any] = {
         "service_samples": [[x, round(y, 6)] for x, y in samples],
+        "back_to_back_bytes_per_s": stream_rate, "alone_intercept_s": intercept,
         "small_alone_s": small_alone, "small_service_s": small_service,
     }
     follows = False
@@ -137,17 +157,24 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         extra = behind_s - small_alone
         follows = extra > FOLLOW_SHARE * big_push
         derived.update(behind_s=behind_s, behind_extra_s=extra, big_push_s=big_push)
-        big_alone = _median(big["flight_s"], "large op alone")
-        one_stage = cost + big["link_bytes"] / rate
-        ratio = (big_alone - startup) / one_stage if one_stage > 0 else 0.0
-        duplex = ratio > DUPLEX_RATIO
-        derived.update(big_alone_s=big_alone, big_one_stage_s=one_stage, duplex_ratio=ratio)
+        staggered = raw.get("staggered")
+        if staggered:
+            one_way = staggered["link_bytes"] / rate
+            pair = _median(staggered["flight_s"], "two staggered large ops")
+            transfers = (pair - startup - 2 * stages * cost) / one_way
+            duplex = transfers < DUPLEX_TRANSFERS
+            derived.update(staggered_s=pair, staggered_transfers=transfers)
+        else:
+            duplex = True
+            derived["duplex_assumed"] = True
     elif nominal_bytes_per_s:
         duplex = rate >= DUPLEX_SHARE * nominal_bytes_per_s
         derived["rate_share_of_nominal"] = rate / nominal_bytes_per_s
     else:
         duplex = True  # unshaped loopback: nothing to tell it from; recorded as assumed
         derived["duplex_assumed"] = True
+    if nominal_bytes_per_s:
+        derived["rate_share_of_nominal"] = rate / nominal_bytes_per_s
 
     compute = raw.get("compute") or {}
     alone_s, busy_s = compute.get("alone_s") or [], compute.get("busy_s") or []

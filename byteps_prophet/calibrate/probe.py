@@ -9,8 +9,9 @@ when every worker sent them); worker 0 (``DMLC_WORKER_ID=0``) stamps them and pr
 
 1. warm-up: every buffer synchronised once (BytePS and the KVStore set a key up on its first use);
 2. ``stream``: per size, a group of ops issued back to back, then waited for in order; two repetitions;
-3. ``alone``: a small op, then a large one, each sent onto an idle link (after a pause);
-4. ``behind`` (parameter servers): a small op issued just before a large one;
+3. ``alone``: a small, a middle and a large op, each sent onto an idle link (after a pause);
+4. ``staggered`` and ``behind`` (parameter servers): a second large op issued once the first's push
+   is over; a small op issued just before a large one;
 5. ``compute``: a fixed CPU workload timed alone, then while a background thread keeps the engine moving
    bytes (every worker does both, so the workers' own competition for the cores is in both).
 
@@ -234,6 +235,8 @@ class Probe:
         big = len(SIZES) - 1
         return {"small": {"tensor_bytes": SIZES[0] * 4, "link_bytes": self.link_bytes(0),
                           "flight_s": _r(self._alone(0, ALONE_REPS))},
+                "mid": {"tensor_bytes": SIZES[big - 1] * 4, "link_bytes": self.link_bytes(big - 1),
+                        "flight_s": _r(self._alone(big - 1, BIG_ALONE_REPS))},
                 "big": {"tensor_bytes": SIZES[big] * 4, "link_bytes": self.link_bytes(big),
                         "flight_s": _r(self._alone(big, BIG_ALONE_REPS))}}
 
@@ -251,6 +254,27 @@ class Probe:
             self.e.wait(big_h)
         return {"small_link_bytes": self.link_bytes(0), "big_link_bytes": self.link_bytes(big),
                 "flight_s": _r(flights)}
+
+    def staggered(self, alone: dict) -> dict:
+        """Two large ops, the second issued once the first's push should be over (half the difference
+        between a large and a small op alone): on a duplex link the first's pull overlaps the second's
+        push (both done after about 3 one-way transfers), on a half-duplex one they take turns (4)."""
+        big = len(SIZES) - 1
+        small_s = sorted(alone["small"]["flight_s"])[len(alone["small"]["flight_s"]) // 2]
+        big_s = sorted(alone["big"]["flight_s"])[len(alone["big"]["flight_s"]) // 2]
+        delay = max(0.0, (big_s - small_s) / 2)
+        flights = []
+        for _ in range(BIG_ALONE_REPS):
+            self.e.barrier()
+            time.sleep(PAUSE_S)
+            t = self.now()
+            first = self.e.start(big, 0)
+            time.sleep(delay)
+            second = self.e.start(big, 1)
+            self.e.wait(first)
+            self.e.wait(second)
+            flights.append(self.now() - t)
+        return {"link_bytes": self.link_bytes(big), "delay_s": round(delay, 6), "flight_s": _r(flights)}
 
     def compute(self, rate: float) -> dict:
         e = self.e
@@ -345,6 +369,8 @@ def main(argv=None) -> int:
     out["alone"] = probe.alone()
     probe.say("ops alone done")
     if args.backend != "gloo":
+        out["staggered"] = probe.staggered(out["alone"])
+        probe.say("two large ops staggered by a push done")
         out["behind"] = probe.behind()
         probe.say("small op before a large one done")
     out["compute"] = probe.compute(rate)

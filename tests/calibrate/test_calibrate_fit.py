@@ -30,11 +30,14 @@ def raw_output(backend="byteps", *, follows=True, duplex=True, slowdown=1.25, pa
     sizes = [32_768, 131_072, 524_288, 2_097_152, 4_194_304]
     stream = [group(x, 6, pairs=pairs, start=10.0 * k, shared=1 if duplex else 2) for k, x in enumerate(sizes * 2)]
     one = lambda x: COST + x / RATE  # noqa: E731
+    alone = lambda x, reps: {"link_bytes": x, "flight_s": [LATENCY + stages * one(x)] * reps}  # noqa: E731
     small_alone = LATENCY + stages * one(sizes[0])
     out = {"backend": backend, "workers": 2, "servers": 1 if stages == 2 else 0, "stream": stream,
-           "alone": {"small": {"link_bytes": sizes[0], "flight_s": [small_alone] * 5},
-                     "big": {"link_bytes": sizes[-1], "flight_s": [LATENCY + 2 * one(sizes[-1])] * 3}},
+           "alone": {"small": alone(sizes[0], 6), "mid": alone(sizes[-2], 3), "big": alone(sizes[-1], 3)},
            "compute": {"alone_s": [0.020, 0.021, 0.019], "busy_s": [0.020 * slowdown] * 5}}
+    if stages == 2:  # the second large op's push overlaps the first's pull on a duplex link
+        pair = LATENCY + 2 * stages * COST + (3 if duplex else 4) * sizes[-1] / RATE
+        out["staggered"] = {"link_bytes": sizes[-1], "flight_s": [pair] * 3}
     if stages == 2:
         wait = one(sizes[-1]) if follows else 0.0
         out["behind"] = {"big_link_bytes": sizes[-1], "flight_s": [small_alone + wait] * 3}
@@ -81,13 +84,23 @@ def test_traits_of_a_parameter_server_whose_pulls_follow_pushes():
     assert traits.startup_latency_s == pytest.approx(LATENCY, rel=1e-3)
     assert traits.compute_slowdown == pytest.approx(1.25, rel=1e-3)
     assert traits.servers == 1 and traits.atom_elements == 250_000
-    assert derived["duplex_ratio"] == pytest.approx(2.0 + LATENCY * 0, rel=0.05)
+    assert derived["staggered_transfers"] == pytest.approx(3.0, rel=1e-3)
 
 
 def test_pulls_that_do_not_wait_and_a_half_duplex_link_are_told_apart():
-    traits, _ = traits_from(raw_output("kvstore", follows=False, duplex=False), nominal_bytes_per_s=RATE)
+    traits, derived = traits_from(raw_output("kvstore", follows=False, duplex=False), nominal_bytes_per_s=RATE)
     assert not traits.pulls_follow_pushes
-    assert not traits.duplex
+    assert not traits.duplex and derived["staggered_transfers"] > 3.5
+    assert traits.bandwidth_bytes_per_s == pytest.approx(RATE, rel=1e-3)  # ops alone: the link's own rate
+
+
+def test_bunched_back_to_back_completions_do_not_inflate_the_rate():
+    raw = raw_output("byteps")
+    for g in raw["stream"]:  # a burst of pushes interleaved: everything completes at the end, in a bunch
+        g["done"] = [g["done"][-1] * 2 - 1e-4 * (len(g["done"]) - i) for i in range(len(g["done"]))]
+    traits, derived = traits_from(raw, nominal_bytes_per_s=RATE)
+    assert derived["back_to_back_bytes_per_s"] > 5 * RATE  # what completion gaps alone would have said
+    assert traits.bandwidth_bytes_per_s == pytest.approx(RATE, rel=1e-3)
 
 
 def test_gloo_is_one_stage_no_servers_no_atoms_and_never_faster_computing():
