@@ -15,7 +15,7 @@ For each real configuration of docs/AB.md and docs/MXNET.md (CONFIGS below):
 Everything the replay needs is kept under docs/replay/ (profiles, engines, measured step times), so
 ``--replay-only`` re-runs step 3 without a cluster. Results: docs/replay/results.json and a table.
 
-    scripts/bench_replay.py                      # record, calibrate, replay (about 15 minutes, root)
+    scripts/bench_replay.py                      # record what is missing, calibrate, replay (about 15 minutes, root)
     scripts/bench_replay.py --replay-only        # replay what docs/replay/ holds (seconds)
     scripts/bench_replay.py --configs gloo_vgg_1g --replay-only
 """
@@ -74,10 +74,13 @@ def cli(*args: str) -> list[str]:
 
 
 def run(argv: list[str], *, locked: bool, timeout: float) -> subprocess.CompletedProcess:
-    full = (["flock", LOCK] if locked else []) + argv
+    """Run ``argv``; a timed one under the lock. ``timeout`` counts from when it runs, not while it waits
+    for the lock (other developers' jobs can hold it for many minutes)."""
+    limit = ["timeout", "--kill-after=30", str(int(timeout))]
+    full = (["flock", LOCK] if locked else []) + limit + argv
     log("$ " + " ".join(full))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(full, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    proc = subprocess.run(full, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise SystemExit(f"bench_replay: {' '.join(argv[2:5])} failed (exit {proc.returncode}): {tail[0]}")
@@ -225,6 +228,7 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
     p.add_argument("--replay-only", action="store_true", help="no cluster: replay what docs/replay/ holds")
     p.add_argument("--no-calibrate", action="store_true", help="record, but keep the engine files there are")
+    p.add_argument("--rerecord", action="store_true", help="record configurations docs/replay/ already holds again")
     p.add_argument("--rounds", type=int, default=1, help="A/B rounds per configuration when recording (default 1)")
     p.add_argument("--iterations", type=int, default=20, help="simulated iterations (default 20)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
@@ -245,6 +249,9 @@ def main(argv=None) -> int:
             print("bench_replay: flock is missing (util-linux); valid: --replay-only", file=sys.stderr)
             return 2
         for name in names:
+            if (OUT / name / "measured.json").is_file() and not args.rerecord:
+                log(f"{name}: recorded already (docs/replay/{name}/measured.json); --rerecord records it again")
+                continue
             record(name, CONFIGS[name], args.rounds)
         if not args.no_calibrate:
             for engine in dict.fromkeys(CONFIGS[n]["engine"] for n in names):
