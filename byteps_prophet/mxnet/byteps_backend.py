@@ -123,6 +123,7 @@ class BytePSScheduledKVStore(ScheduledKVStore):
     # transformer --width 0.6 200 Mbit/s Prophet / BS 1.307x with them, 1.364x with 250 k (docs/AB.md
     # section 24).
     atoms_per_partition = 1
+    engine_name = "byteps"
 
     def __init__(self, kvstore, settings: Settings | None = None, **kwargs) -> None:
         self._init_pool: ThreadPoolExecutor | None = None

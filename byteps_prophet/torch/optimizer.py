@@ -42,7 +42,7 @@ import torch
 
 from byteps_prophet.backends import Backend, make_backend
 from byteps_prophet.backends.base import BackendError, Op
-from byteps_prophet.backends.link import install_link_monitor
+from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
@@ -182,18 +182,16 @@ class _Engine:
             self.by_name[name] = entry
 
         self.leader = backend.rank == 0
-        settings = self.settings = _prophet_settings(settings, backend.pulls_follow_pushes)
-        # The Transport contract, read by the scheduler as it is made: set before it.
-        self.serializations = backend.serializations
-        self.pulls_follow_pushes = backend.pulls_follow_pushes
-        self.scheduler = make_scheduler(settings, self.clock, self, self._on_done) if self.leader else None
-        if settings.scheduler == "prophet":  # every rank: all must send the same atoms
-            atom = backend.use_atoms(_prophet_atom_elements())
-            if self.scheduler is not None:
-                self.scheduler.cut_elements = atom
+        settings = self.settings = _prophet_settings(settings, backend.traits.pulls_follow_pushes)
+        # The Transport contract, read by the scheduler as it is made: the backend's engine, with the
+        # atoms it sends under Prophet (every rank: all must send the same atoms).
+        atom = backend.use_atoms(_prophet_atom_elements()) if settings.scheduler == "prophet" else 0
+        self.traits = backend.traits.replace(atom_elements=atom)
+        self.scheduler = None
         self._timer = None
-        if self.scheduler is not None:
-            install_link_monitor(self.scheduler, backend.serializations)
+        if self.leader:
+            self.scheduler = make_scheduler(settings, self.clock, self, self._on_done,
+                                            monitor=link_monitor(self.traits.stages))
             self._timer = install_wakeup_timer(self.scheduler, self._tick, self._on_error)
         self._done: list[_Param] = []
         self.sync = Synchroniser(backend, self._on_op_finished, self._on_error)
@@ -507,7 +505,7 @@ class _Engine:
             stem, dot, ext = path.rpartition(".")
             path = f"{stem}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
         meta = {"scheduler": self.settings.scheduler, "backend": self.backend.name, "world_size": self.backend.size,
-                "serializations": self.backend.serializations,
+                "serializations": self.traits.stages,
                 "tensors": [[e.index, e.name, list(e.param.shape), e.param.numel() * e.param.element_size()]
                             for e in self.params]}
         with open(path, "w") as f:

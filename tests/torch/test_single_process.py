@@ -177,17 +177,18 @@ def test_scheduler_sees_the_backends_link():
     plugin must hand it over before. It once set it after, and Prophet on BytePS modelled a one-stage
     link that sent everything at the end of backward."""
     from byteps_prophet.backends.base import LocalBackend
+    from byteps_prophet.core import EngineTraits
 
     class TwoStage(LocalBackend):
-        serializations = 2
-        pulls_follow_pushes = True
+        traits = EngineTraits(name="two-stage", stages=2, pulls_follow_pushes=True)
 
     model = build("mlp")
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), list(model.named_parameters()),
                                scheduler="prophet", backend=TwoStage())
     try:
         scheduler = opt._bpp.scheduler
-        assert scheduler._serializations == 2 and scheduler._hold_after_backward
+        assert scheduler.traits.stages == 2 and scheduler.traits.pulls_follow_pushes
+        assert scheduler._serializations == 2 and scheduler._pulls_follow_pushes
         assert scheduler.bandwidth.serializations == 2
     finally:
         opt.close()
