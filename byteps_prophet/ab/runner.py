@@ -27,7 +27,7 @@ VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
 # trains alone with no communication at all, all at once on the same machine; or every worker only
 # synchronises the model's gradients as the engine does unscheduled, with no compute (not for
 # BytePS-MXNet). A parameter-server schedule that cuts tensors so push and pull overlap can beat the
-# second (measured on the KVStore, docs/AB.md section 7); compute alone and the nominal link it cannot.
+# second (measured on the KVStore, docs/history/AB-notebook.md section 7); compute alone and the nominal link it cannot.
 COMPUTE_ONLY, COMM_ONLY = "compute_only", "comm_only"
 CHOICES = VARIANTS + (COMPUTE_ONLY, COMM_ONLY)
 REFERENCES = (COMPUTE_ONLY, COMM_ONLY)
@@ -35,7 +35,7 @@ BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
 MXNET_SCALABLE = ("vgg", "transformer", "mlp")  # = mxnet.models.SCALABLE, without importing mxnet
 # Besides the scheduling knobs the cluster passes through, the caller's variables that set the
 # frameworks' threads (MXNet's engine workers, OpenMP, MKL): each can move one schedule more than
-# another (docs/AB.md section 18), so the results name them.
+# another (docs/history/AB-notebook.md section 18), so the results name them.
 RECORDED_PREFIXES = ("MXNET_", "OMP_", "MKL_", "KMP_")
 GLOO_COMPOSE = Path(__file__).with_name("gloo-compose.yml")
 

@@ -156,7 +156,7 @@ class ScheduledKVStore(KVStoreBase):
     # likewise. Told so, Prophet keeps its hold after backward, 2 MiB chunks and its flight window
     # (core/prophet.py); untold, it put a step's atoms in flight at the end of backward and they
     # finished together, gradient 0 last. BytePS-MXNet, transformer 300 Mbit/s: Prophet / BS 0.956x
-    # told, 0.718x-0.825x untold (docs/AB.md section 16). The KVStore, told against untold in
+    # told, 0.718x-0.825x untold (docs/history/AB-notebook.md section 16). The KVStore, told against untold in
     # alternating rounds: Prophet 1.084x at 200 Mbit/s, 1.026x at 300, level at 500 and compute-bound
     # (section 21); told before the flight window and one op per atom, it had measured 0.860x.
     pulls_follow_pushes = True
