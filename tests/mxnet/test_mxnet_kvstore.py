@@ -268,6 +268,16 @@ def test_followers_issue_the_leaders_atoms_after_it(tmp_path):
     leader, follower = _issues(timeline), _issues(follower_path)
     assert leader.keys() == follower.keys()
     assert len(leader) > 50  # 8 steps of partitioned gradients
+    # exactly once, every step: each gradient's atoms 0..n-1, each once (_issues refuses a second
+    # issue), the same n in every step: no atom skipped or added in any step, on either worker
+    atoms: dict = {}
+    for name, seq, atom in leader:
+        atoms.setdefault(name, {}).setdefault(seq, set()).add(atom)
+    for name, per_step in atoms.items():
+        counts = {seq: len(issued) for seq, issued in per_step.items()}
+        assert len(set(counts.values())) == 1, f"{name}: atoms per step {counts}"
+        assert all(issued == set(range(len(issued))) for issued in per_step.values()), (name, per_step)
+    assert len({seq for per_step in atoms.values() for seq in per_step}) >= 8, "fewer steps than trained"
     early = [k for k in leader if follower[k] < leader[k]]
     assert not early, f"{len(early)} atoms issued by the follower before the leader, e.g. {early[:3]}"
     fifo, _ = _train(tmp_path, "fifo", "fifo")
