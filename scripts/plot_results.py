@@ -31,7 +31,7 @@ def speedups(data: dict, arch: str, workers: int, gbit: float) -> tuple[list[str
     rows = [r for r in data["grid"]
             if r[col["arch"]] == arch and r[col["workers"]] == workers and r[col["gbit"]] == gbit]
     if not rows:
-        raise SystemExit(f"plot_results.py: error: no grid cell for {arch}, {workers} workers, {gbit:g} Gbit/s; "
+        raise ValueError(f"no grid cell for {arch}, {workers} workers, {gbit:g} Gbit/s; "
                          f"valid workers: {sorted({r[col['workers']] for r in data['grid']})}, "
                          f"Gbit/s: {sorted({r[col['gbit']] for r in data['grid']})}")
     models = [r[col["model"]] for r in rows]
@@ -51,14 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot_results.py: error: {args.data}: {err}", file=sys.stderr)
         return 2
 
+    try:
+        panels = [speedups(data, arch, args.workers, args.gbit) for arch in ("ps", "allreduce")]
+    except ValueError as err:
+        print(f"plot_results.py: error: {err}", file=sys.stderr)
+        return 2
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
-    for ax, (arch, title) in zip(axes, (("ps", "parameter server"), ("allreduce", "ring all-reduce"))):
-        models, values = speedups(data, arch, args.workers, args.gbit)
+    for ax, title, (models, values) in zip(axes, ("parameter server", "ring all-reduce"), panels):
         width = 0.8 / len(SERIES)
         for i, (key, label) in enumerate(SERIES):
             xs = [m + (i - (len(SERIES) - 1) / 2) * width for m in range(len(models))]
