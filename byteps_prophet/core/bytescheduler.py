@@ -1,4 +1,4 @@
-"""Stock ByteScheduler (SOSP'19): priority + partition + credit, as ALGORITHMS.md section 2 states it.
+"""Stock ByteScheduler (SOSP'19): priority + partition + credit, as docs/ALGORITHMS.md section 2 states it.
 
 Ready gradients are cut into partitions of at most ``partition`` elements and queued by priority
 (index * 1000 + partition number; ties broken by arrival order, never by comparing tasks). The

@@ -3,7 +3,7 @@
 The core's :class:`~byteps_prophet.core.bandwidth.BandwidthMonitor` treats a transfer that ran alone
 as exact: its whole time in flight is service time of a FIFO link. On the real engines that is not
 what an operation's time in flight is. Measured on the local cluster (2 workers, 300 Mbit/s, gloo,
-docs/AB.md "Why Prophet was slower"):
+docs/history/AB-notebook.md "Why Prophet was slower"):
 
 * an all-reduce only starts when *every* rank has issued it, so an op rank 0 sends before rank 1's
   copy of that gradient is ready "takes" as long as rank 1 is behind (tens to hundreds of ms for an

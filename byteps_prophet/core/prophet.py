@@ -20,7 +20,7 @@ from byteps_prophet.core.task import Task, atom_grid, atom_rows
 MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
 PACE_LIMITS = (0.5, 2.0)
-TRAILING_CHUNK_BYTES = 2 * 1024 * 1024  # where pulls follow pushes: DESIGN.md, "Trailing chunks"
+TRAILING_CHUNK_BYTES = 2 * 1024 * 1024  # where pulls follow pushes: DESIGN.md, "2 MiB trailing chunks"
 KEEPS_UP_BACKLOG = 0.1  # of the step's bytes: DESIGN.md, "Link keeps up"
 KEEPS_UP_ITERATIONS = 5  # the rate that decides it: one that this many of the last
 KEEPS_UP_REACHED = 2  # ... KEEPS_UP_ITERATIONS iterations' readings reached
@@ -35,7 +35,7 @@ class Prophet(ByteScheduler):
         self.profiler = ReadyProfiler(settings.profile_iterations, settings.boundary_factor, settings.drift_tolerance)
         traits = self.traits
         self._serializations = traits.stages
-        # Where pulls follow pushes (DESIGN.md, "End of backward" and the rules after it): keep holding
+        # Where pulls follow pushes (DESIGN.md, "End-of-backward flush" and the rules after it): keep holding
         # after the end of backward, bound what is in flight by the credit and the flight window, cap
         # every chunk, and send a step the link keeps up with under the credit.
         self._pulls_follow_pushes = traits.pulls_follow_pushes
@@ -66,7 +66,7 @@ class Prophet(ByteScheduler):
         # The link model: when each of its stages frees, when each piece sent finishes (FIFO), and
         # how far reality runs behind that model, re-anchored at every completion. Where pulls follow
         # pushes, a pull is requested behind the push the hold keeps queued after it: one more stage
-        # (DESIGN.md, "Request wait stage").
+        # (DESIGN.md, "Request-wait stage").
         self._stage_free = [0.0] * (self._serializations + self._pulls_follow_pushes)
         self._flight_depth = len(self._stage_free) * self._chunk_cap  # DESIGN.md, "Flight window"
         self._finishes: deque[tuple[Task, float]] = deque()
@@ -232,7 +232,7 @@ class Prophet(ByteScheduler):
             if bandwidth is None:
                 bandwidth, cost = self.bandwidth.rate_and_cost()
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
-            # Bytes for the chunk that starts on the link at ``start`` (DESIGN.md, "Chunk cuts"); an arrival
+            # Bytes for the chunk that starts on the link at ``start`` (DESIGN.md, "Counting arrivals to come"); an arrival
             # can reach the link ``latency`` after it happens.
             if start < end + latency:
                 if next_ready is not None and start + (self.pending_bytes + to_come) / bandwidth < end + latency:

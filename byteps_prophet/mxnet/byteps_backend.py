@@ -120,8 +120,8 @@ class BytePSScheduledKVStore(ScheduledKVStore):
     # Every atom is a BytePS tensor with its own pipeline on the workers and the servers. Atoms of
     # ByteScheduler's partition make a step under the credit ByteScheduler's, message for message:
     # resnet b128 1 Gbit/s (compute-bound) Prophet / FIFO 0.996x with them, 0.930-0.981x with 250 k;
-    # transformer --width 0.6 200 Mbit/s Prophet / BS 1.307x with them, 1.364x with 250 k (docs/AB.md
-    # section 24).
+    # transformer --width 0.6 200 Mbit/s Prophet / BS 1.307x with them, 1.364x with 250 k (docs/DESIGN.md,
+    # "ByteScheduler's partition for Prophet's queue on BytePS").
     atoms_per_partition = 1
     engine_name = "byteps"
 

@@ -261,7 +261,7 @@ class Simulation:
 
 
 def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:
-    """ALGORITHMS.md section 4: max(C, T_comm, C + time to sync gradient 0).
+    """docs/ALGORITHMS.md section 4: max(C, T_comm, C + time to sync gradient 0).
 
     Section 4 charges the sync of gradient 0's first partition; Prophet's default mode cuts
     partitions, so the bound charges the least time any cut can take (``sync_time``)."""

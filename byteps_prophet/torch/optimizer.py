@@ -85,13 +85,13 @@ PROPHET_PARTITION = 4_000_000  # elements: Prophet's pieces in the queue; its ow
 
 def _prophet_settings(settings: Settings, pulls_follow_pushes: bool = False) -> Settings:
     """Prophet cuts pieces to its predictions itself; ByteScheduler's 1 M-element partition only adds
-    messages, and on the real engines every message pays a start-up latency (docs/AB.md). So, unless
+    messages, and on the real engines every message pays a start-up latency (docs/history/AB-notebook.md). So, unless
     a partition is set (``BYTESCHEDULER_PARTITION`` or a non-default ``Settings.partition``), Prophet
     queues pieces of ``BYTEPS_PROPHET_PARTITION`` elements (0 keeps the ByteScheduler partition):
     by default 4 M, ByteScheduler's default credit, on all-reduce; where pulls follow pushes (BytePS)
     0, since every chunk there is at most 2 MiB anyway and a step the link keeps up with goes under
     ByteScheduler's credit, where 4 M pieces kept one piece in flight (resnet b32 1 Gbit/s: Prophet
-    0.864x of FIFO with them, docs/AB.md section 24)."""
+    0.864x of FIFO with them, docs/history/AB-notebook.md section 24)."""
     from byteps_prophet.core.settings import DEFAULT_PARTITION
 
     if (settings.scheduler != "prophet" or settings.partition != DEFAULT_PARTITION
@@ -114,7 +114,7 @@ def _prophet_atom_elements() -> int:
     the MXNet store's atoms, docs/MXNET.md). On a parameter server a piece's pull follows its
     push, so the step ends a few pieces' pushes and pulls after the last byte is ready: finer atoms
     shorten that tail. vgg 200 Mbit/s, Prophet/BS: 250 k 1.065x, 500 k 1.021x, 1 M 0.974x; the
-    compute-bound resnet showed no difference beyond its noise (docs/AB.md section 11)."""
+    compute-bound resnet showed no difference beyond its noise (docs/history/AB-notebook.md section 11)."""
     from byteps_prophet.core.settings import DEFAULT_PARTITION, elements_from_env
 
     return elements_from_env("BYTEPS_PROPHET_ATOM_ELEMENTS", DEFAULT_PARTITION // 4)

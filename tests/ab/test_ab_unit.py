@@ -83,6 +83,17 @@ def test_the_results_name_the_environment_every_run_inherits():
     assert "environment" not in format_table(runner.summary())
 
 
+def test_without_namespaces_an_ab_run_stops_naming_no_netns(monkeypatch, capsys):
+    """No silent loopback: an unshaped run would be reported as one at --bandwidth."""
+    from byteps_prophet import cli
+    from byteps_prophet.cluster import netns
+
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: "network namespaces need root (test)")
+    assert cli.main(["ab", "--model", "mlp", "--steps", "1", "--rounds", "1", "--no-tune"]) == 2
+    err = capsys.readouterr().err
+    assert "byteps-prophet ab: error: cannot build a namespace cluster" in err and "--no-netns" in err
+
+
 def test_cli_variants_error_is_one_line_exit_2():
     import subprocess
     import sys

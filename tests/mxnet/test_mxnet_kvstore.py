@@ -24,7 +24,7 @@ from byteps_prophet.mxnet.engine import EngineGate, copy_raw  # noqa: E402
 from byteps_prophet.mxnet import kvstore as skv  # noqa: E402
 from byteps_prophet.mxnet.kvstore import atom_elements, atom_ranges  # noqa: E402
 from byteps_prophet.mxnet.launch import run_local  # noqa: E402
-from params_check import run_report  # noqa: E402
+from params_check import assert_every_parameter_trained, run_report  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("worker_train.py"))
 PULL_THEN_PUSH = str(Path(__file__).with_name("worker_pull_then_push.py"))
@@ -213,8 +213,7 @@ def test_parameters_equal_under_all_schedulers(tmp_path, on_kv):
     results = {s: _train(tmp_path, s, s, BPP_ON_KV=on_kv)[0] for s in ("plain", *SCHEDULERS)}
     for s in SCHEDULERS:
         _assert_same(results["plain"], results[s], f"plain vs {s}")
-    # training moved the parameters
-    assert any(np.abs(v).sum() > 0 for v in results["fifo"].values())
+    assert_every_parameter_trained(results["plain"], dict(np.load(tmp_path / "plain.init.npz")), "plain")
 
 
 @pytest.mark.slow
@@ -269,6 +268,16 @@ def test_followers_issue_the_leaders_atoms_after_it(tmp_path):
     leader, follower = _issues(timeline), _issues(follower_path)
     assert leader.keys() == follower.keys()
     assert len(leader) > 50  # 8 steps of partitioned gradients
+    # exactly once, every step: each gradient's atoms 0..n-1, each once (_issues refuses a second
+    # issue), the same n in every step: no atom skipped or added in any step, on either worker
+    atoms: dict = {}
+    for name, seq, atom in leader:
+        atoms.setdefault(name, {}).setdefault(seq, set()).add(atom)
+    for name, per_step in atoms.items():
+        counts = {seq: len(issued) for seq, issued in per_step.items()}
+        assert len(set(counts.values())) == 1, f"{name}: atoms per step {counts}"
+        assert all(issued == set(range(len(issued))) for issued in per_step.values()), (name, per_step)
+    assert len({seq for per_step in atoms.values() for seq in per_step}) >= 8, "fewer steps than trained"
     early = [k for k in leader if follower[k] < leader[k]]
     assert not early, f"{len(early)} atoms issued by the follower before the leader, e.g. {early[:3]}"
     fifo, _ = _train(tmp_path, "fifo", "fifo")

@@ -45,7 +45,7 @@ def alone_then_backlogged(monitor):
 
 
 def test_core_monitor_mistakes_latency_and_lateness_for_link_cost():
-    # the problem LinkMonitor exists for (measured in docs/AB.md): the core's estimate after ops that
+    # the problem LinkMonitor exists for (measured in docs/history/AB-notebook.md): the core's estimate after ops that
     # ran alone carries their latency and the follower's lateness as a per-message cost
     core = BandwidthMonitor(serializations=1)
     now = 0.0
