@@ -30,7 +30,7 @@ gradient is staged (a key completes only when every worker pushed it, so a follo
 as much as the leader's).
 
 Atoms: FIFO one per tensor (what MXNet does), ByteScheduler its partitions, Prophet a grid of
-``PROPHET_MXNET_ATOM_ELEMENTS``-element runs of rows from row 0 (default partition / 4), so its finer
+``BYTEPS_PROPHET_ATOM_ELEMENTS``-element runs of rows from row 0 (default partition / 4), so its finer
 cuts are honoured; its cuts end on the same grid (``Prophet.cut_elements``): a slice finer than an
 atom only cost a send (resnet: 600-770 sends a step for 107 atoms before, at most about 100 now).
 
@@ -62,12 +62,10 @@ from byteps_prophet.backends.channel import SocketChannel
 from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import EngineTraits, MonotonicClock, Settings, Task, make_scheduler
-from byteps_prophet.core.settings import elements_from_env
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import UserError
 from byteps_prophet.mxnet.engine import EngineGate, Notifier, copy_raw
 
-ATOM_ENV = "PROPHET_MXNET_ATOM_ELEMENTS"
 IDLE_CLOSE_S = 0.1  # no pushpull for this long closes the step (unused parameters never come)
 _IDLE, _SENT, _DONE = 0, 1, 2
 
@@ -89,8 +87,10 @@ def is_leader(kvstore, environ=None) -> bool:
     return kvstore.rank == 0
 
 
-def atom_elements(settings: Settings, environ=None, per_partition: int = 4) -> int:
-    return elements_from_env(ATOM_ENV, max(1, settings.partition // per_partition), environ)
+def atom_elements(settings: Settings, per_partition: int = 4) -> int:
+    """Prophet's atom on the store: ``settings.atom_elements``, else ByteScheduler's partition cut in
+    ``per_partition``."""
+    return settings.atom_elements or max(1, settings.partition // per_partition)
 
 
 def atom_ranges(shape: tuple[int, ...], scheduler: str, partition: int, atom: int) -> list[tuple[int, int]]:
@@ -179,7 +179,7 @@ class ScheduledKVStore(KVStoreBase):
         self.traits = EngineTraits(name=self.engine_name, stages=2, pulls_follow_pushes=True,
                                    atom_elements=self._atom if local.scheduler == "prophet" else 0)
         # ps-lite/BytePS ops pay a start-up latency that ops in flight overlap: the LinkMonitor
-        monitor = link_monitor(self.traits.stages) if self.leader else None
+        monitor = link_monitor(self.settings, self.traits.stages) if self.leader else None
         self.scheduler = make_scheduler(local, self._clock, self, self._on_done, monitor=monitor)
         self._timer = install_wakeup_timer(self.scheduler, self._tick, self._fail) if self.leader else None
         self._gate = EngineGate()

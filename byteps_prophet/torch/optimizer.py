@@ -108,16 +108,16 @@ def _prophet_settings(settings: Settings, pulls_follow_pushes: bool = False) -> 
     return settings.replace(partition=value) if value else settings
 
 
-def _prophet_atom_elements() -> int:
+def _prophet_atom_elements(settings: Settings) -> int:
     """Elements per fixed atom where the backend needs stable slices (``Backend.use_atoms``):
     ``BYTEPS_PROPHET_ATOM_ELEMENTS``, default a quarter of ByteScheduler's default partition (250 k, as
     the MXNet store's atoms, docs/MXNET.md). On a parameter server a piece's pull follows its
     push, so the step ends a few pieces' pushes and pulls after the last byte is ready: finer atoms
     shorten that tail. vgg 200 Mbit/s, Prophet/BS: 250 k 1.065x, 500 k 1.021x, 1 M 0.974x; the
     compute-bound resnet showed no difference beyond its noise (docs/history/AB-notebook.md section 11)."""
-    from byteps_prophet.core.settings import DEFAULT_PARTITION, elements_from_env
+    from byteps_prophet.core.settings import DEFAULT_PARTITION
 
-    return elements_from_env("BYTEPS_PROPHET_ATOM_ELEMENTS", DEFAULT_PARTITION // 4)
+    return settings.atom_elements or DEFAULT_PARTITION // 4
 
 
 class _Param:
@@ -185,13 +185,13 @@ class _Engine:
         settings = self.settings = _prophet_settings(settings, backend.traits.pulls_follow_pushes)
         # The Transport contract, read by the scheduler as it is made: the backend's engine, with the
         # atoms it sends under Prophet (every rank: all must send the same atoms).
-        atom = backend.use_atoms(_prophet_atom_elements()) if settings.scheduler == "prophet" else 0
+        atom = backend.use_atoms(_prophet_atom_elements(settings)) if settings.scheduler == "prophet" else 0
         self.traits = backend.traits.replace(atom_elements=atom)
         self.scheduler = None
         self._timer = None
         if self.leader:
             self.scheduler = make_scheduler(settings, self.clock, self, self._on_done,
-                                            monitor=link_monitor(self.traits.stages))
+                                            monitor=link_monitor(settings, self.traits.stages))
             self._timer = install_wakeup_timer(self.scheduler, self._tick, self._on_error)
         self._done: list[_Param] = []
         self.sync = Synchroniser(backend, self._on_op_finished, self._on_error)

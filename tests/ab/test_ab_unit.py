@@ -67,12 +67,12 @@ def test_summary_table_and_plot(tmp_path):
 
 
 def test_the_results_name_the_environment_every_run_inherits():
-    caller = {"MXNET_CPU_WORKER_NTHREADS": "2", "OMP_NUM_THREADS": "1", "PROPHET_MXNET_ATOM_ELEMENTS": "1000000",
+    caller = {"MXNET_CPU_WORKER_NTHREADS": "2", "OMP_NUM_THREADS": "1", "BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000",
               "BYTESCHEDULER_CREDIT": "5", "BYTEPS_SCHEDULER": "prophet", "BYTEPS_SERVER_ENGINE_THREAD": "4",
               "HOME": "/root"}
     # BYTEPS_SCHEDULER is each variant's own; other BYTEPS_ variables never reach the roles (scrubbed)
     expected = {"BYTESCHEDULER_CREDIT": "5", "MXNET_CPU_WORKER_NTHREADS": "2", "OMP_NUM_THREADS": "1",
-                "PROPHET_MXNET_ATOM_ELEMENTS": "1000000"}
+                "BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000"}
     assert run_environment(caller) == expected
     runner = _summary_runner(ABConfig(rounds=1), [{"fifo": 10.0}])
     runner.environment = expected

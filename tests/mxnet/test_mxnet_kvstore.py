@@ -74,17 +74,20 @@ def test_width_scales_the_models_that_have_one():
 
 def test_atom_env_validated():
     s = Settings()
-    assert atom_elements(s, {}) == s.partition // 4
-    assert atom_elements(s, {}, per_partition=1) == s.partition  # BytePS-MXNet's default
-    assert atom_elements(s, {"PROPHET_MXNET_ATOM_ELEMENTS": "5000"}) == 5000
-    with pytest.raises(ConfigError, match="PROPHET_MXNET_ATOM_ELEMENTS"):
-        atom_elements(s, {"PROPHET_MXNET_ATOM_ELEMENTS": "x"})
+    assert atom_elements(s) == s.partition // 4
+    assert atom_elements(s, per_partition=1) == s.partition  # BytePS-MXNet's default
+    assert atom_elements(Settings.from_env({"BYTEPS_PROPHET_ATOM_ELEMENTS": "5000"})) == 5000
+    with pytest.warns(FutureWarning, match="PROPHET_MXNET_ATOM_ELEMENTS is renamed BYTEPS_PROPHET_ATOM_ELEMENTS"):
+        old = Settings.from_env({"PROPHET_MXNET_ATOM_ELEMENTS": "6000"})
+    assert atom_elements(old) == 6000
+    with pytest.raises(ConfigError, match="BYTEPS_PROPHET_ATOM_ELEMENTS='x' is not a number"):
+        Settings.from_env({"BYTEPS_PROPHET_ATOM_ELEMENTS": "x"})
 
 
 def test_leader_measures_the_link_like_the_torch_plugin(monkeypatch):
     """The scheduling worker's monitor is the LinkMonitor (start-up latency apart from the link's
     cost, read by Prophet's hold); BYTEPS_PROPHET_LINK=core gives the core's; a bad value is refused."""
-    from byteps_prophet.backends.link import LinkMonitor
+    from byteps_prophet.core.link import LinkMonitor
     from byteps_prophet.core.bandwidth import BandwidthMonitor
 
     settings = Settings(scheduler="prophet")
@@ -99,12 +102,12 @@ def test_leader_measures_the_link_like_the_torch_plugin(monkeypatch):
     finally:
         kv.close()
     monkeypatch.setenv("BYTEPS_PROPHET_LINK", "core")
-    kv = skv.create("local", settings=settings)
+    kv = skv.create("local", settings=Settings.from_env().replace(scheduler="prophet"))
     assert type(kv.scheduler.bandwidth) is BandwidthMonitor
     kv.close()
     monkeypatch.setenv("BYTEPS_PROPHET_LINK", "bogus")
     with pytest.raises(ConfigError, match="BYTEPS_PROPHET_LINK='bogus' is invalid; valid: measured, core"):
-        skv.create("local", settings=settings)
+        skv.create("local")
 
 
 def test_invalid_scheduler_is_one_line_error():
@@ -183,7 +186,7 @@ def test_gate_released_before_it_starts():
 def _train(tmp_path, tag, scheduler, **extra) -> tuple:
     out = tmp_path / f"{tag}.npz"
     env = {"BPP_OUT": str(out), "BPP_STEPS": "8", "BYTESCHEDULER_PARTITION": "5000",
-           "PROPHET_MXNET_ATOM_ELEMENTS": "1000", "BYTESCHEDULER_CREDIT": "12000", **extra}
+           "BYTEPS_PROPHET_ATOM_ELEMENTS": "1000", "BYTESCHEDULER_CREDIT": "12000", **extra}
     if scheduler == "plain":
         env["BPP_PLAIN"] = "1"
     else:
