@@ -18,11 +18,13 @@ import math
 import os
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from byteps_prophet.errors import UserError
-from byteps_prophet.sim.costmodel import LayerTimes
-from byteps_prophet.sim.zoo import ModelSpec, TensorSpec
+
+if TYPE_CHECKING:  # the plugins record profiles without importing the simulator
+    from byteps_prophet.sim.costmodel import LayerTimes
+    from byteps_prophet.sim.zoo import ModelSpec
 
 FORMAT = "byteps-prophet-profile"
 VERSION = 1
@@ -196,6 +198,9 @@ class Profile:
             if ready[i] is None and value is not None:
                 before = [k for k in kept if k < i]
                 fwd[before[-1] if before else kept[0]] += value
+
+        from byteps_prophet.sim.costmodel import LayerTimes
+        from byteps_prophet.sim.zoo import ModelSpec, TensorSpec
 
         tensors = tuple(
             TensorSpec(self.tensors[i].name, self.tensors[i].shape, 0.0, 0.0,
