@@ -41,9 +41,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from byteps_prophet.core.bandwidth import BandwidthMonitor
+from byteps_prophet.core.bandwidth import MIN_FIT_SAMPLES, BandwidthMonitor, RunningFit
 
-MIN_FIT = 8
 SHIFT_RUN = 4
 SHIFT_RATIO = 1.4
 
@@ -58,7 +57,7 @@ class LinkMonitor(BandwidthMonitor):
         self._lm_flight: dict[int, tuple[float, int]] = {}
         self._lm_delivered = 0
         self._lm_rates: deque[float] = deque(maxlen=self._window // 2)
-        self._lm_samples: deque[tuple[float, float]] = deque(maxlen=self._window)
+        self._lm_line = RunningFit(self._window)
         self._lm_latency: deque[float] = deque(maxlen=self._window // 2)
         self._lm_last_finish = float("-inf")
         self._lm_fit_at = -1
@@ -82,7 +81,7 @@ class LinkMonitor(BandwidthMonitor):
         if sent_at < last < now:  # queued behind the previous op: the gap is this op's service
             # (on a link of several FIFO stages, back-to-back completions are one stage's service apart)
             self._follow_shift(float(task.nbytes), now - last)  # judged against the fit before it
-            self._lm_samples.append((float(task.nbytes), now - last))
+            self._lm_line.add(float(task.nbytes), now - last)
             self._lm_fit_at = -1  # that fit is cached under this completion's count: refit with the sample
         else:
             rate = self.bytes_per_s
@@ -105,9 +104,7 @@ class LinkMonitor(BandwidthMonitor):
         self._lm_shift = run
         if abs(run) >= SHIFT_RUN:  # this sample and the SHIFT_RUN - 1 before it: the link changed
             keep = SHIFT_RUN - 1
-            recent = list(self._lm_samples)[-keep:]
-            self._lm_samples.clear()
-            self._lm_samples.extend(recent)
+            self._lm_line.keep_last(keep)
             rates = list(self._lm_rates)[-SHIFT_RUN:]
             self._lm_rates.clear()
             self._lm_rates.extend(rates)
@@ -119,21 +116,9 @@ class LinkMonitor(BandwidthMonitor):
         if self._lm_fit_at == self.samples:
             return self._lm_fit
         self._lm_fit_at = self.samples
-        self._lm_fit = None
-        pts = self._lm_samples
-        n = len(pts)
-        if n >= MIN_FIT:
-            mx = sum(x for x, _ in pts) / n
-            my = sum(y for _, y in pts) / n
-            vx = sum((x - mx) ** 2 for x, _ in pts) / n
-            if vx > (0.05 * mx) ** 2:
-                slope = sum((x - mx) * (y - my) for x, y in pts) / n / vx
-                if slope > 0:
-                    intercept = my - slope * mx
-                    self._lm_fit = (0.0, my / mx) if intercept < 0 else (intercept, slope)
-            elif mx > 0 and my > 0:
-                self._lm_fit = (0.0, my / mx)
-        elif self.shifts and n:
+        self._lm_fit = self._lm_line.fit(flat_through_origin=True)
+        pts = self._lm_line.samples
+        if len(pts) < MIN_FIT_SAMPLES and self.shifts and pts:
             # Just after a detected change, the few samples kept are the best evidence of the new link:
             # a line through the origin, never the peak delivery rate alone (one op sent just before a
             # burst of completions "delivers" gigabytes per second; seen on the KVStore path).
@@ -170,7 +155,7 @@ class LinkMonitor(BandwidthMonitor):
         # latency exposed (a feedback loop measured at 1 Gbit/s: 5-7 ms fitted, small ops sent one at
         # a time, 10-20 ms each). A low quantile of the residuals breaks it.
         slope = fit[1]
-        residuals = sorted(max(0.0, y - x * slope) for x, y in self._lm_samples)
+        residuals = sorted(max(0.0, y - x * slope) for x, y in self._lm_line.samples)
         cost = residuals[len(residuals) // 10] if residuals else 0.0
         return rate, min(cost, fit[0])
 
