@@ -14,12 +14,13 @@ from collections import deque
 from heapq import heappop, heappush
 
 from byteps_prophet.core.bytescheduler import ByteScheduler
+from byteps_prophet.core.linkmodel import LinkModel
+from byteps_prophet.core.prediction import StepPrediction
 from byteps_prophet.core.profiler import ReadyProfiler, StepProfile
 from byteps_prophet.core.task import Task, atom_grid, atom_rows
 
 MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
-PACE_LIMITS = (0.5, 2.0)
 TRAILING_CHUNK_BYTES = 2 * 1024 * 1024  # where pulls follow pushes: DESIGN.md, "2 MiB trailing chunks"
 KEEPS_UP_BACKLOG = 0.1  # of the step's bytes: DESIGN.md, "Link keeps up"
 KEEPS_UP_ITERATIONS = 5  # the rate that decides it: one that this many of the last
@@ -27,6 +28,10 @@ KEEPS_UP_REACHED = 2  # ... KEEPS_UP_ITERATIONS iterations' readings reached
 
 
 class Prophet(ByteScheduler):
+    """Three parts: the prediction (``StepPrediction``: when gradients will be ready), the link model
+    (``LinkModel``: when what is sent will be done), and the decisions below (when to send, how much:
+    the chunk, and under which bounds)."""
+
     name = "prophet"
 
     def __init__(self, settings, clock, transport, on_done=None, monitor=None) -> None:
@@ -35,43 +40,29 @@ class Prophet(ByteScheduler):
         self.profiler = ReadyProfiler(settings.profile_iterations, settings.boundary_factor, settings.drift_tolerance)
         traits = self.traits
         self._serializations = traits.stages
-        # Where pulls follow pushes (DESIGN.md, "End-of-backward flush" and the rules after it): keep holding
-        # after the end of backward, bound what is in flight by the credit and the flight window, cap
-        # every chunk, and send a step the link keeps up with under the credit.
+        # Where pulls follow pushes (DESIGN.md, "End-of-backward flush" and the rules after it): keep
+        # holding after the end of backward, bound what is in flight by the credit and the flight
+        # window, cap every chunk, and send a step the link keeps up with under the credit.
         self._pulls_follow_pushes = traits.pulls_follow_pushes
         self._chunk_cap = settings.max_chunk_bytes or (TRAILING_CHUNK_BYTES if self._pulls_follow_pushes else math.inf)
         # Cuts end on multiples of this many elements' rows (0: any row), for engines where each
         # distinct slice is a key to set up (fixed atoms): see ``_rows_for``.
         self.cut_elements = traits.atom_elements
+        self.prediction = StepPrediction()
+        self.link = LinkModel(self._serializations + self._pulls_follow_pushes, traits.is_parameter_server)
+        self._flight_depth = len(self.link.stage_free) * self._chunk_cap  # DESIGN.md, "Flight window"
         self._plan: StepProfile | None = None
-        # Derived from the plan once per profile, not per iteration: gradients by predicted ready
-        # offset, those offsets in that order, and each block's gradient count.
-        self._derived_from: StepProfile | None = None
-        self._order: list[int] = []
-        self._order_offsets: list[float] = []
-        self._block_sizes: list[int] = []
-        self._missing: list[int] = []  # per block: gradients not yet arrived this iteration
-        self._span = 0.0
         self._sizes: dict[int, int] = {}  # bytes of each gradient, as last posted
-        self._bytes_from: list[int] = [0]  # per position in _order: bytes of it and later arrivals
         self._iteration: int | None = None
-        self._first_ready = 0.0
-        self._arrived: set[int] = set()
-        self._upcoming = 0  # position in _order of the next gradient not yet arrived
-        self._pace = 1.0  # observed / predicted progress through this iteration's backward pass
-        self._next_block = 0  # first block not completely collected
-        self._in_last_block = False
         self._backward_done = False  # end_of_backward seen for the current iteration
-        self._releases: deque[int] = deque()  # collected blocks whose budget is still to be granted
-        # The link model: when each of its stages frees, when each piece sent finishes (FIFO), and
-        # how far reality runs behind that model, re-anchored at every completion. Where pulls follow
-        # pushes, a pull is requested behind the push the hold keeps queued after it: one more stage
-        # (DESIGN.md, "Request-wait stage").
-        self._stage_free = [0.0] * (self._serializations + self._pulls_follow_pushes)
-        self._flight_depth = len(self._stage_free) * self._chunk_cap  # DESIGN.md, "Flight window"
-        self._finishes: deque[tuple[Task, float]] = deque()
-        self._lag = 0.0
         self._drain_chunk: float | None = None
+        # The paper mode's blocks: each block's gradient count, those not yet arrived this iteration,
+        # the first block not completely collected, and collected blocks whose budget is to be granted.
+        self._block_sizes: list[int] = []
+        self._missing: list[int] = []
+        self._next_block = 0
+        self._in_last_block = False
+        self._releases: deque[int] = deque()
         # The rate read at the start of each of the last iterations, with a profile or without:
         # DESIGN.md, "Link keeps up"
         self._recent_rates: deque[float] = deque(maxlen=KEEPS_UP_ITERATIONS)
@@ -85,17 +76,19 @@ class Prophet(ByteScheduler):
         index = task.index
         self._sizes[index] = task.nbytes
         self.profiler.record(task.iteration, index, now)
-        arrived = self._arrived
+        arrived = self.prediction.arrived
         first = index not in arrived
         arrived.add(index)
         for piece in self._queued_pieces(task):
             self._enqueue(piece)
-        if self._plan is not None:
+        plan = self._plan
+        if plan is not None:
             if first:
-                block = self._plan.block_of.get(index)
+                block = plan.block_of.get(index)
                 if block is not None:
                     self._missing[block] -= 1
-            self._follow_arrival(index, now)
+            self.prediction.follow(index, now)
+            self._collect_blocks(until=plan.block_for(index))
 
     def _on_end_of_backward(self, iteration: int) -> None:
         if iteration != self._iteration:
@@ -105,56 +98,35 @@ class Prophet(ByteScheduler):
         if self._plan is not None:
             self._collect_blocks(until=len(self._plan.blocks))
 
+    def _on_finished(self, piece: Task) -> None:
+        self.credit = min(self.credit + piece.numel, self.credit_limit)  # ByteScheduler's
+        self.link.completed(piece, self.clock.now())
+
     def _begin_iteration(self, iteration: int, now: float) -> None:
         self.profiler.close()
-        self._iteration, self._first_ready = iteration, now
-        self._arrived = set()
-        self._plan = self.profiler.profile if self.bandwidth.known else None
+        self._iteration = iteration
+        self.prediction.begin(now)
+        self._plan = plan = self.profiler.profile if self.bandwidth.known else None
         # DESIGN.md, "Link keeps up"
         decide_keeps_up = self._pulls_follow_pushes and self.mode != "paper"
         if decide_keeps_up:
             rate = self.bandwidth.bytes_per_s
             if rate:
                 self._recent_rates.append(rate)
-        plan = self._plan
         if plan is not None:
-            if plan is not self._derived_from:
-                offsets = plan.offsets
-                self._order = sorted(offsets, key=lambda i: (offsets[i], -i))
-                self._order_offsets = [offsets[i] for i in self._order]
+            if plan is not self.prediction.derived_from:
+                self.prediction.derive(plan, self._sizes)
                 self._block_sizes = [len(block.indices) for block in plan.blocks]
-                self._span = plan.span
-                self._derived_from = plan
-                # Bytes still to arrive before the end of backward, by position in _order: the
-                # arrival at the end itself (gradient 0's) is left out.
-                sizes, total = self._sizes, 0
-                self._bytes_from = [0] * (len(self._order) + 1)
-                for k in range(len(self._order) - 2, -1, -1):
-                    total += sizes.get(self._order[k], 0)
-                    self._bytes_from[k] = total
             if decide_keeps_up and self._link_keeps_up():
                 self._plan = None
             else:
                 self.planned_iterations += 1
             self._missing = list(self._block_sizes)
-        self._upcoming = 0
-        self._pace = 1.0
         self._drain_chunk = None
         self._next_block = 0
         self._in_last_block = False
         self._backward_done = False
         self._releases.clear()
-
-    def _follow_arrival(self, index: int, now: float) -> None:
-        plan = self._plan
-        predicted = plan.offsets.get(index)
-        if predicted is not None and predicted > 0.1 * self._span:
-            self._pace = min(max((now - self._first_ready) / predicted, PACE_LIMITS[0]), PACE_LIMITS[1])
-        order, arrived, upcoming = self._order, self._arrived, self._upcoming
-        while upcoming < len(order) and order[upcoming] in arrived:
-            upcoming += 1
-        self._upcoming = upcoming
-        self._collect_blocks(until=plan.block_for(index))
 
     def _collect_blocks(self, until: int) -> None:
         """Blocks before ``until`` are complete (a later one has started); so is any fully arrived."""
@@ -196,17 +168,14 @@ class Prophet(ByteScheduler):
         if not queue:
             return
         now = self.clock.now()
+        link, prediction = self.link, self.prediction
         # Only events move the lag, the pace and the next predicted arrival, so they are read once
         # per dispatch (again after a synchronous transport's events); the link model and the
         # backlog move with every send.
-        lag, stage_free, finishes = self._lag, self._stage_free, self._finishes
-        lag0 = self._first_stage_lag(lag)
-        first_ready, pace, upcoming = self._first_ready, self._pace, self._upcoming
-        next_ready = first_ready + pace * self._order_offsets[upcoming] if upcoming < len(self._order) else None
-        end = first_ready + pace * self._span
-        to_come = self._bytes_from[upcoming]
+        lag0, next_ready, end = link.first_stage_lag(), prediction.next_ready(), prediction.end()
+        to_come = prediction.bytes_to_come()
         # A piece reaches the link ``latency`` after it is sent (the engine's start-up, which ops
-        # already in flight overlap; 0 unless the monitor measures one, as in the simulator).
+        # already in flight overlap; 0 unless the monitor measures one).
         latency = self.bandwidth.latency
         hold = self._pulls_follow_pushes or not self._backward_done
         under_credit = self._pulls_follow_pushes
@@ -214,14 +183,14 @@ class Prophet(ByteScheduler):
         while queue:
             if under_credit and (self.credit <= 0 or self._window_full()):
                 return  # DESIGN.md, "In flight under the credit" and "Flight window"
-            start = stage_free[0] + lag0  # when the first stage of the link can take it
+            start = link.stage_free[0] + lag0  # when the first stage of the link can take it
             if start < now + latency:
                 start = now + latency
             if hold and self.in_flight_count:
                 # The next completion or predicted arrival: the next chance to decide. While the link
                 # stays busy past the time a piece sent then would reach it, that event gives another
                 # chance, so nothing is sent now.
-                event = finishes[0][1] + lag if finishes else math.inf
+                event = link.next_finish()
                 if next_ready is not None and next_ready > now and next_ready < event:
                     event = next_ready
                 if start > (event if event > now else now) + latency:
@@ -232,23 +201,8 @@ class Prophet(ByteScheduler):
             if bandwidth is None:
                 bandwidth, cost = self.bandwidth.rate_and_cost()
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
-            # Bytes for the chunk that starts on the link at ``start`` (DESIGN.md, "Counting arrivals to come"); an arrival
-            # can reach the link ``latency`` after it happens.
-            if start < end + latency:
-                if next_ready is not None and start + (self.pending_bytes + to_come) / bandwidth < end + latency:
-                    chunk = bandwidth * (next_ready + latency - start - cost)  # done before the next arrival
-                else:
-                    chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
-            else:
-                if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
-                    stages = self._serializations - 1
-                    self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
-                chunk = self._drain_chunk
-            if chunk < floor:
-                chunk = floor
-            if chunk > self._chunk_cap:
-                chunk = self._chunk_cap
-            # The most urgent pending rows, cut to ``chunk`` (``_cut``, inlined): the rest stays queued.
+            chunk = self._chunk_bytes(start, next_ready, end, to_come, latency, bandwidth, cost, floor)
+            # The most urgent pending rows, cut to ``chunk``: the rest stays queued.
             piece = heappop(queue)[2]
             if piece.nbytes > 1.25 * chunk:
                 rows = self._rows_for(piece, chunk)
@@ -257,38 +211,38 @@ class Prophet(ByteScheduler):
                     heappush(queue, (piece.priority, next(self._sequence), piece))
                     piece = head
             self.pending_bytes -= piece.nbytes
-            # Advance the link model: each stage serves the piece after the previous stage and after
-            # the piece before it, for ``cost + bytes / bandwidth``.
-            service, done = cost + piece.nbytes / bandwidth, now + latency
-            for j, free in enumerate(stage_free):
-                shift = lag0 if j == 0 else lag
-                free += shift
-                done = (free if free > done else done) + service
-                stage_free[j] = done - shift
-            finishes.append((piece, done - lag))
+            link.advance(piece, now + latency, cost + piece.nbytes / bandwidth)
             self.credit -= piece.numel
             self._start(piece)
             if self._dispatch_again:  # a synchronous transport delivered events: re-read what they move
-                lag, next_ready, end = self._lag, self._predicted_next_ready(), self._predicted_end()
-                lag0 = self._first_stage_lag(lag)
-                to_come = self._bytes_from[self._upcoming]
+                lag0, next_ready, end = link.first_stage_lag(), prediction.next_ready(), prediction.end()
+                to_come = prediction.bytes_to_come()
 
-    def _on_finished(self, piece: Task) -> None:
-        self.credit = min(self.credit + piece.numel, self.credit_limit)  # ByteScheduler's
-        finishes = self._finishes
-        if finishes and finishes[0][0] is piece:  # the head, unless the transport reorders
-            self._lag = self.clock.now() - finishes.popleft()[1]
-            return
-        for k, (sent, predicted) in enumerate(finishes):
-            if sent is piece:  # the head, unless the transport reorders
-                self._lag = self.clock.now() - predicted
-                del self._finishes[k]
-                break
+    def _chunk_bytes(self, start: float, next_ready: float | None, end: float, to_come: int, latency: float,
+                     bandwidth: float, cost: float, floor: float) -> float:
+        """Bytes for the chunk that starts on the link at ``start`` (DESIGN.md, "Counting arrivals to
+        come", "Drain chunk", "Chunk floor", "2 MiB trailing chunks"); an arrival can reach the link
+        ``latency`` after it happens."""
+        if start < end + latency:
+            if next_ready is not None and start + (self.pending_bytes + to_come) / bandwidth < end + latency:
+                chunk = bandwidth * (next_ready + latency - start - cost)  # done before the next arrival
+            else:
+                chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
+        else:
+            if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
+                stages = self._serializations - 1
+                self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
+            chunk = self._drain_chunk
+        if chunk < floor:
+            chunk = floor
+        if chunk > self._chunk_cap:
+            chunk = self._chunk_cap
+        return chunk
 
     def _window_full(self) -> bool:
         """Whether what is in flight fills the flight window, the larger of one chunk per stage and
-        the link's rate times its start-up latency (DESIGN.md, "Flight window"). The monitor is read only
-        past the first: most calls find less in flight."""
+        the link's rate times its start-up latency (DESIGN.md, "Flight window"). The monitor is read
+        only past the first: most calls find less in flight."""
         if self.in_flight_bytes < self._flight_depth:
             return False
         return self.in_flight_bytes >= self.bandwidth.bytes_per_s * self.bandwidth.latency
@@ -297,29 +251,11 @@ class Prophet(ByteScheduler):
         """Whether the profiled arrivals, served in arrival order at the rate measured over the last
         iterations, leave at most ``KEEPS_UP_BACKLOG`` of the step's bytes queued at the predicted end
         of backward (the last arrival, gradient 0's, left out: it goes first under any rule)."""
-        if len(self._recent_rates) < KEEPS_UP_REACHED or not self._bytes_from[0]:
+        step_bytes = self.prediction.bytes_from[0]
+        if len(self._recent_rates) < KEEPS_UP_REACHED or not step_bytes:
             return False
-        rate, sizes = sorted(self._recent_rates)[-KEEPS_UP_REACHED], self._sizes
-        free = 0.0
-        for index, offset in zip(self._order[:-1], self._order_offsets):
-            free = (free if free > offset else offset) + sizes.get(index, 0) / rate
-        return (free - self._span) * rate <= KEEPS_UP_BACKLOG * self._bytes_from[0]
-
-    def _first_stage_lag(self, lag: float) -> float:
-        """How far the link's first stage runs behind the model. On a parameter server a piece
-        completes only once every worker has pushed it, so a completion late because a peer is behind
-        says nothing of this worker's own push: there only an early completion moves the first stage."""
-        if self._serializations > 1 and lag > 0:
-            return 0.0
-        return lag
-
-    def _predicted_end(self) -> float:
-        return self._first_ready + self._pace * self._span
-
-    def _predicted_next_ready(self) -> float | None:
-        if self._upcoming >= len(self._order):
-            return None
-        return self._first_ready + self._pace * self._order_offsets[self._upcoming]
+        rate = sorted(self._recent_rates)[-KEEPS_UP_REACHED]
+        return self.prediction.backlog_at_end(rate, self._sizes) <= KEEPS_UP_BACKLOG * step_bytes
 
     def _queued_pieces(self, task: Task) -> list[Task]:
         """ByteScheduler's partition; with ``cut_elements``, runs of whole atoms of about that size
@@ -331,17 +267,6 @@ class Prophet(ByteScheduler):
         run = quantum * max(1, round(self.settings.partition / (quantum * task.row_numel)))
         return [task.slice(task.row_start + a, task.row_start + b, part=part)
                 for part, (a, b) in enumerate(atom_grid(task.rows, task.row_numel, run * task.row_numel))]
-
-    def _cut(self, piece: Task, nbytes: float) -> Task:
-        """The first rows of ``piece`` that fit ``nbytes``; the rest goes back to the queue."""
-        if piece.nbytes <= 1.25 * nbytes:  # also when nbytes is infinite
-            return piece
-        rows = self._rows_for(piece, nbytes)
-        if rows >= piece.rows:
-            return piece
-        head = piece.split_head(rows)  # the queued slice, never sent yet, keeps the rest
-        self._enqueue(piece)
-        return head
 
     def _rows_for(self, piece: Task, nbytes: float) -> int:
         """Rows of ``piece`` to cut for about ``nbytes``: at least one; with ``cut_elements`` the cut

@@ -108,13 +108,13 @@ def test_every_prophet_rule_for_pulls_following_pushes_runs_in_the_simulator():
     sim = Simulation(layers(), cluster, Settings(scheduler="prophet"), iterations=12, warmup=4)
     result = sim.run()
     prophet = sim.scheduler
-    assert prophet.traits.pulls_follow_pushes and len(prophet._stage_free) == 3 and prophet.cut_elements == 250_000
+    assert prophet.traits.pulls_follow_pushes and len(prophet.link.stage_free) == 3 and prophet.cut_elements == 250_000
     assert prophet.planned_iterations > 0
     assert type(prophet.bandwidth).__name__ == "LinkMonitor" and prophet.bandwidth.latency > 0
     assert max(p.nbytes for p in result.sent if p.iteration >= 4) <= 1.25 * 2 * 1024 * 1024
     assert_every_row_sent_once(result, layers(), 12)
     ideal = Simulation(layers(), ClusterSpec(workers=4, bandwidth=0.25e9), Settings(scheduler="prophet"), 12, 4)
-    assert not ideal.scheduler.traits.pulls_follow_pushes and len(ideal.scheduler._stage_free) == 2
+    assert not ideal.scheduler.traits.pulls_follow_pushes and len(ideal.scheduler.link.stage_free) == 2
 
 
 def test_compute_slowdown_and_stragglers_stretch_a_compute_bound_step():
