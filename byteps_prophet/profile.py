@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from byteps_prophet.core.task import TensorSize
 from byteps_prophet.errors import UserError
 
 if TYPE_CHECKING:  # the plugins record profiles without importing the simulator
@@ -44,7 +45,7 @@ _REL_TOL = 1e-9  # slack when comparing measured times against each other
 
 
 @dataclass(frozen=True)
-class ProfileTensor:
+class ProfileTensor(TensorSize):
     """One parameter tensor as the probe saw it; its forward index is its position in the profile."""
 
     name: str
@@ -54,14 +55,6 @@ class ProfileTensor:
     @property
     def itemsize(self) -> int:
         return DTYPES[self.dtype]
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.itemsize
 
 
 @dataclass(frozen=True)

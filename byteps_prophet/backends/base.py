@@ -12,6 +12,7 @@ Backends never see the scheduler: the :class:`~byteps_prophet.backends.sync.Sync
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 from dataclasses import dataclass, field
@@ -118,3 +119,12 @@ def timeout_s(environ=None) -> float:
     if value <= 0:
         raise ConfigError(f"BYTEPS_PROPHET_TIMEOUT={raw!r} is invalid; valid: a positive number of seconds")
     return value
+
+
+def import_byteps(plugin: str, instead: str):
+    """``byteps.<plugin>``, or a one-line ConfigError saying how to get it and what to use instead."""
+    try:
+        return importlib.import_module(f"byteps.{plugin}")
+    except ImportError as err:
+        raise ConfigError(f"backend byteps: byteps.{plugin} is not importable ({err}); "
+                          f"valid: build it with scripts/build_byteps.sh, or {instead}") from None

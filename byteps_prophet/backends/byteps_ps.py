@@ -22,7 +22,8 @@ from __future__ import annotations
 import bisect
 import os
 
-from byteps_prophet.backends.base import ORDER_CHANNEL_PORT, Backend, BackendError, Op, master_port, timeout_s
+from byteps_prophet.backends.base import (ORDER_CHANNEL_PORT, Backend, BackendError, Op, import_byteps, master_port,
+                                          timeout_s)
 from byteps_prophet.backends.channel import StoreChannel, make_store
 from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.core.task import atom_grid
@@ -36,11 +37,7 @@ class BytePSBackend(Backend):
 
     def __init__(self, init: bool = True) -> None:
         super().__init__()
-        try:
-            import byteps.torch as bps
-        except ImportError as err:
-            raise ConfigError(f"backend byteps: byteps.torch is not importable ({err}); "
-                              f"valid: build it with scripts/build_byteps.sh, or backend gloo") from None
+        bps = import_byteps("torch", "backend gloo")
         import byteps.torch.ops as ops
 
         self.bps = bps

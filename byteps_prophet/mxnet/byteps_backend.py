@@ -41,6 +41,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 
 import mxnet as mx
 
+from byteps_prophet.backends.base import import_byteps
 from byteps_prophet.core import Settings
 from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.mxnet.engine import copy_raw
@@ -69,11 +70,10 @@ class BytePSTransport:
             self._socket_dir = tempfile.mkdtemp(prefix="bpp-bps-sock-")
             os.environ["BYTEPS_SOCKET_PATH"] = self._socket_dir
         try:
-            import byteps.mxnet as bps
-        except ImportError as err:
+            bps = import_byteps("mxnet", "--backend kvstore")
+        except ConfigError:
             self._cleanup()
-            raise ConfigError(f"backend byteps: byteps.mxnet is not importable ({err}); "
-                              f"valid: build it with scripts/build_byteps.sh, or --backend kvstore") from None
+            raise
         import mxnet as mx
 
         self.bps = bps

@@ -43,7 +43,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import copy
-import math
 import os
 import sys
 import threading

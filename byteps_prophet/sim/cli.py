@@ -130,7 +130,10 @@ def run(args) -> int:
         bar = tqdm(total=sum(len(v) for k, v in _variants(schedulers)), desc="simulating", leave=False)
         progress = lambda name: (bar.set_postfix_str(name), bar.update(1))  # noqa: E731
     comparison = compare(layers, cluster, schedulers, settings, iterations=args.iterations,
-                         warmup=min(10, args.iterations // 3), trace_iteration=args.iterations // 2)
+                         warmup=min(10, args.iterations // 3), trace_iteration=args.iterations // 2,
+                         progress=progress)
+    if progress is not None:
+        bar.close()
     out = report(comparison, model=model.name, tensors=len(layers), params=model.params,
                  batch=args.batch or model.default_batch, workers=args.workers,
                  servers=cluster.traits.servers or args.workers, arch=args.arch, bandwidth=args.bandwidth,

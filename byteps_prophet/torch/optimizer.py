@@ -34,7 +34,6 @@ import atexit
 import contextlib
 import os
 import threading
-import time
 import weakref
 from typing import Any, Iterable
 
