@@ -18,11 +18,14 @@ import math
 import os
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from byteps_prophet.core.task import TensorSize
 from byteps_prophet.errors import UserError
-from byteps_prophet.sim.costmodel import LayerTimes
-from byteps_prophet.sim.zoo import ModelSpec, TensorSpec
+
+if TYPE_CHECKING:  # the plugins record profiles without importing the simulator
+    from byteps_prophet.sim.costmodel import LayerTimes
+    from byteps_prophet.sim.zoo import ModelSpec
 
 FORMAT = "byteps-prophet-profile"
 VERSION = 1
@@ -42,7 +45,7 @@ _REL_TOL = 1e-9  # slack when comparing measured times against each other
 
 
 @dataclass(frozen=True)
-class ProfileTensor:
+class ProfileTensor(TensorSize):
     """One parameter tensor as the probe saw it; its forward index is its position in the profile."""
 
     name: str
@@ -52,14 +55,6 @@ class ProfileTensor:
     @property
     def itemsize(self) -> int:
         return DTYPES[self.dtype]
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.itemsize
 
 
 @dataclass(frozen=True)
@@ -196,6 +191,9 @@ class Profile:
             if ready[i] is None and value is not None:
                 before = [k for k in kept if k < i]
                 fwd[before[-1] if before else kept[0]] += value
+
+        from byteps_prophet.sim.costmodel import LayerTimes
+        from byteps_prophet.sim.zoo import ModelSpec, TensorSpec
 
         tensors = tuple(
             TensorSpec(self.tensors[i].name, self.tensors[i].shape, 0.0, 0.0,

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from byteps_prophet.core import ManualClock, Prophet, Settings, Task, make_scheduler
+from byteps_prophet.core import EngineTraits, ManualClock, Settings, Task, make_scheduler
+from byteps_prophet.core.engine import load_engine
 from byteps_prophet.sim.costmodel import compute_times
 from byteps_prophet.sim.engine import ClusterSpec, Simulation, layers_from, lower_bound_s
 from byteps_prophet.sim.runner import CREDIT_SWEEP, compare
@@ -53,21 +54,10 @@ def add_message_bound(cell, layers, cluster) -> None:
                                       if k != "fifo"}
 
 
-def previous_rule(run):
-    """``run()`` with Prophet's default mode as it was before it counted bytes still to arrive."""
-    Prophet.count_arrivals_to_come = False
-    try:
-        return run()
-    finally:
-        Prophet.count_arrivals_to_come = True
-
-
 def grid_cell(layers, cluster, iterations):
     warmup = min(10, iterations // 3)
     c = compare(layers, cluster, ["fifo", "bytescheduler", "prophet"], iterations=iterations, warmup=warmup)
     r = {name: res.iter_s for name, res in c.results.items()}
-    r["prophet_previous_rule"] = previous_rule(
-        lambda: Simulation(layers, cluster, Settings(scheduler="prophet"), iterations, warmup).run().iter_s)
     best = r["bytescheduler_best"]
     return {
         "lower_bound_ms": c.lower_bound_s * 1e3,
@@ -93,7 +83,6 @@ def changing_case(model_name, arch, iterations):
     return {
         "model": model_name, "arch": arch,
         "prophet_s": prophet, "prophet_paper_s": run(Settings(scheduler="prophet", prophet_mode="paper")),
-        "prophet_previous_rule_s": previous_rule(lambda: run(Settings(scheduler="prophet"))),
         "static_credit_s": {str(c): t for c, t in static.items()},
         "best_static_credit": min(static, key=static.get),
         "prophet_vs_best_static": prophet / min(static.values()),
@@ -114,7 +103,7 @@ def changing_conditions(iterations=80):
 
 
 class _NullTransport:
-    serializations = 2
+    traits = EngineTraits(stages=2)
 
     def __init__(self) -> None:
         self.in_flight = []
@@ -214,8 +203,56 @@ def simulator_speed(repeats=3):
             "load_average_1min": os.getloadavg()[0], "wall": times}
 
 
-PARTS = ("grid", "changing", "decision", "speed")
-COLUMNS = ("fifo", "bytescheduler", "bytescheduler_best", "prophet", "prophet_paper", "prophet_previous_rule")
+SCALE_WORKERS = (2, 8, 32, 128, 256)
+SCALE_GBIT = (1, 10)
+# Scale effects on top of the engine: name -> what changes in the cluster at ``workers`` workers.
+SCALE_CASES = {
+    "homogeneous": lambda workers: {},
+    "jitter_5pct": lambda workers: {"jitter": 0.05},
+    "slow_worker_1.5x": lambda workers: {"slow_worker": 1.5},
+    "servers_quarter": lambda workers: {"servers": max(1, workers // 4)},  # parameter server only
+}
+
+
+def scale_grid(engines: dict, iterations: int, models=("resnet50", "vgg16")) -> dict:
+    """Prophet against the default and the best credit at 2 to 256 workers, with the calibrated
+    engines' traits (``engines``: arch -> EngineTraits) and the scale effects of ``SCALE_CASES``."""
+    warmup = min(10, iterations // 3)
+    cells = [(m, arch, case, w, g) for m in models for arch in engines for case in SCALE_CASES
+             for w in SCALE_WORKERS for g in SCALE_GBIT if not (arch == "allreduce" and case == "servers_quarter")]
+    rows = []
+    for m, arch, case, w, g in tqdm(cells, desc="scale"):
+        spec = get_model(m)
+        layers = layers_from(spec, compute_times(spec, spec.default_batch))
+        cluster = ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT, engine=engines[arch], **SCALE_CASES[case](w))
+        c = compare(layers, cluster, ["bytescheduler", "prophet"], iterations=iterations, warmup=warmup)
+        r = {name: res.iter_s * 1e3 for name, res in c.results.items()}
+        rows.append({"model": m, "arch": arch, "case": case, "workers": w, "gbit": g, "best_credit": c.best_credit,
+                     "iter_ms": r, "prophet_vs_default_credit": r["prophet"] / r["bytescheduler"],
+                     "prophet_vs_best_credit": r["prophet"] / r["bytescheduler_best"]})
+    return {"setup": {"iterations": iterations, "warmup": warmup, "engines": {a: e.to_dict() for a, e in engines.items()},
+                      "cases": list(SCALE_CASES), "workers": list(SCALE_WORKERS), "gbit": list(SCALE_GBIT)},
+            "cells": rows, "summary": summarize_scale(rows)}
+
+
+def summarize_scale(rows) -> dict:
+    """Where Prophet gains or loses against the default and the best credit, by case and worker count."""
+    summary = {}
+    for case in SCALE_CASES:
+        for arch in sorted({r["arch"] for r in rows}):
+            sub = [r for r in rows if r["case"] == case and r["arch"] == arch]
+            if not sub:
+                continue
+            summary[f"{arch}/{case}"] = {
+                str(w): {"vs_default_credit_worst": round(max(r["prophet_vs_default_credit"] for r in cells), 4),
+                         "vs_default_credit_best": round(min(r["prophet_vs_default_credit"] for r in cells), 4),
+                         "vs_best_credit_worst": round(max(r["prophet_vs_best_credit"] for r in cells), 4)}
+                for w in SCALE_WORKERS if (cells := [r for r in sub if r["workers"] == w])}
+    return summary
+
+
+PARTS = ("grid", "changing", "decision", "speed", "scale")
+COLUMNS = ("fifo", "bytescheduler", "bytescheduler_best", "prophet", "prophet_paper")
 
 
 def compact(result: dict) -> dict:
@@ -228,7 +265,14 @@ def compact(result: dict) -> dict:
             "grid_columns": ["model", "arch", "workers", "gbit", "lower_bound_ms", "message_bound_ms",
                              "best_credit", *(f"{k}_ms" for k in COLUMNS)],
             "grid": rows, "summary": result.get("summary"),
-            **{k: result[k] for k in ("changing_conditions", "decision_cost", "simulator_speed") if k in result}}
+            **{k: result[k] for k in ("changing_conditions", "decision_cost", "simulator_speed") if k in result},
+            **({"scale": {"setup": result["scale"]["setup"], "summary": result["scale"]["summary"],
+                          "columns": ["model", "arch", "case", "workers", "gbit", "best_credit", "bytescheduler_ms",
+                                      "bytescheduler_best_ms", "prophet_ms"],
+                          "cells": [[r["model"], r["arch"], r["case"], r["workers"], r["gbit"], r["best_credit"],
+                                     *(round(r["iter_ms"][k], 3) for k in ("bytescheduler", "bytescheduler_best",
+                                                                           "prophet"))]
+                                    for r in result["scale"]["cells"]]}} if "scale" in result else {})}
 
 
 def summarize(grid) -> dict:
@@ -251,10 +295,6 @@ def summarize(grid) -> dict:
         "cells_above_5pct_of_message_bound_for_prophet": sum(
             c["ratio_to_message_bound"]["prophet"] > 1.05 for c in grid if "ratio_to_message_bound" in c),
     }
-    previous = [c["ratio_to_best_credit"].get("prophet_previous_rule") for c in grid]
-    if None not in previous:
-        summary["previous_rule_within_1pct_of_best_credit"] = sum(r <= 1.01 for r in previous)
-        summary["previous_rule_vs_best_credit_max"] = max(previous)
     for w in sorted({c["workers"] for c in grid}):
         sub = [c["ratio_to_best_credit"]["prophet"] for c in grid if c["workers"] == w]
         summary[f"workers_{w}"] = {"cells": len(sub), "within_1pct": sum(r <= 1.01 for r in sub), "worst": max(sub)}
@@ -271,8 +311,12 @@ def main() -> None:
     ap.add_argument("--workers", default="2,8,32", help="comma-separated worker counts of the grid")
     ap.add_argument("--compact", metavar="JSON", help="also write a compact copy (docs/bench_sim_results.json)")
     ap.add_argument("--parts", default=",".join(PARTS),
-                    help="comma-separated parts to run (grid, changing, decision, speed); the others are kept "
-                         "from an existing --out file, so the timed parts can run alone under a lock")
+                    help="comma-separated parts to run (grid, changing, decision, speed, scale); the others are "
+                         "kept from an existing --out file, so the timed parts can run alone under a lock")
+    ap.add_argument("--engine-ps", default="byteps", metavar="FILE",
+                    help="engine profile of the scale part's parameter server (default: the byteps preset)")
+    ap.add_argument("--engine-allreduce", default="gloo", metavar="FILE",
+                    help="engine profile of the scale part's all-reduce (default: the gloo preset)")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if parts == ["none"]:  # only rewrite --compact from --out
@@ -314,6 +358,10 @@ def main() -> None:
     if "speed" in parts:
         result["simulator_speed"] = simulator_speed()
         print(json.dumps(result["simulator_speed"]["wall"]))
+    if "scale" in parts:
+        engines = {"ps": load_engine(args.engine_ps), "allreduce": load_engine(args.engine_allreduce)}
+        result["scale"] = scale_grid(engines, args.iterations)
+        print(json.dumps(result["scale"]["summary"], indent=1))
     out.parent.mkdir(parents=True, exist_ok=True)
     if parts:
         out.write_text(json.dumps(result, indent=1))

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The main job on defaults: set up (when needed), then
 #   1. a REAL A/B on the local cluster: 2 PyTorch workers in network namespaces over tc-shaped
-#      1 Gbit/s links (where Prophet measured fastest on an idle machine, docs/AB.md), VGG-style
+#      1 Gbit/s links (where Prophet measured fastest on an idle machine, docs/RESULTS.md), VGG-style
 #      model, gloo all-reduce; FIFO, ByteScheduler (default and tuned credit) and Prophet in
 #      interleaved rounds, with the two references of the best possible step (every worker
 #      computing alone, compute_only; only synchronising, comm_only), so the table says how close each
 #      schedule came to the best possible; table on stdout, plot
 #      out/demo_ab.png, progress on stderr. About 3 minutes on an idle 2-core machine; numbers from a
-#      busy machine say little (docs/AB.md).
+#      busy machine say little (docs/AB.md, "A fair comparison").
 #   2. the simulated comparison (seconds): the same scheduler classes on ResNet-50, 2 workers, ring
 #      all-reduce, 10 Gbit/s (docs/SIMULATOR.md).
 # --sim-only skips part 1. Without root (no namespaces, so no shaped links) part 1 is skipped with a note.

@@ -7,7 +7,7 @@ parameter server or an all-reduce nothing completes before every worker has its 
 useful reference is the *slowest* worker's end of backward. Per iteration it prints each rank's
 backward span, how far the slowest ended after rank 0, the tail (last completion after that end),
 how many pieces rank 0 submitted only after it (pieces held while the link could have carried
-them), and the forward waits of the next iteration. docs/AB.md section 12 is what it was made for.
+them), and the forward waits of the next iteration. docs/history/AB-notebook.md section 12 is what it was made for.
 
     .venv/bin/python scripts/trace_tails.py out/ab/diag/prophet_r0.trace.json [...] [--json]
 """

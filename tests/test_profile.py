@@ -389,3 +389,15 @@ def test_recorder_tensor_errors():
 def test_layer_times_type_is_the_simulators():
     _, times = Profile.from_dict(copy.deepcopy(good_dict())).to_model_and_times()
     assert isinstance(times, LayerTimes)
+
+
+def test_the_plugins_record_profiles_without_the_simulator():
+    """The plugin side (profile recording) does not import the simulator (sim/ depends on the core
+    and the profile, never the other way round)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, byteps_prophet.profile, byteps_prophet.core; "
+            "print(sorted(m for m in sys.modules if m.startswith('byteps_prophet.sim')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -23,11 +23,11 @@ from byteps_prophet.ab.stats import LEVEL, paired_ratios, speedup
 from byteps_prophet.errors import UserError
 
 VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
-# Not schedules, opt-in references for the best step possible (ALGORITHMS.md section 4): every worker
+# Not schedules, opt-in references for the best step possible (docs/ALGORITHMS.md section 4): every worker
 # trains alone with no communication at all, all at once on the same machine; or every worker only
 # synchronises the model's gradients as the engine does unscheduled, with no compute (not for
 # BytePS-MXNet). A parameter-server schedule that cuts tensors so push and pull overlap can beat the
-# second (measured on the KVStore, docs/AB.md section 7); compute alone and the nominal link it cannot.
+# second (measured on the KVStore, docs/history/AB-notebook.md section 7); compute alone and the nominal link it cannot.
 COMPUTE_ONLY, COMM_ONLY = "compute_only", "comm_only"
 CHOICES = VARIANTS + (COMPUTE_ONLY, COMM_ONLY)
 REFERENCES = (COMPUTE_ONLY, COMM_ONLY)
@@ -35,7 +35,7 @@ BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
 MXNET_SCALABLE = ("vgg", "transformer", "mlp")  # = mxnet.models.SCALABLE, without importing mxnet
 # Besides the scheduling knobs the cluster passes through, the caller's variables that set the
 # frameworks' threads (MXNet's engine workers, OpenMP, MKL): each can move one schedule more than
-# another (docs/AB.md section 18), so the results name them.
+# another (docs/history/AB-notebook.md section 18), so the results name them.
 RECORDED_PREFIXES = ("MXNET_", "OMP_", "MKL_", "KMP_")
 GLOO_COMPOSE = Path(__file__).with_name("gloo-compose.yml")
 
@@ -288,7 +288,7 @@ def summarize(cfg: ABConfig, runs: list[dict], *, netns: bool | None, environmen
 
 
 def limit(cfg: ABConfig, runs: list[dict], results: dict, netns: bool | None) -> dict | None:
-    """The most samples/s a schedule can expect here (ALGORITHMS.md section 4): the slowest of
+    """The most samples/s a schedule can expect here (docs/ALGORITHMS.md section 4): the slowest of
     compute alone and communication alone (the compute_only and comm_only runs' medians) and the
     link's nominal time for one step's bytes (no protocol overhead: optimistic; left out under a
     bandwidth schedule or without shaping). Compute alone and the nominal link bound every

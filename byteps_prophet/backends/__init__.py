@@ -1,8 +1,8 @@
 """How bytes move: each backend turns "synchronise these rows of this gradient" into an engine call.
 
 * :mod:`.base`      the contract (:class:`Op`, :class:`Backend`) and the single-process backend;
-* :mod:`.torch_dist` torch.distributed all-reduce (gloo on CPU, NCCL on GPU), ``serializations = 1``;
-* :mod:`.byteps_ps` BytePS push_pull (parameter server), ``serializations = 2``;
+* :mod:`.torch_dist` torch.distributed all-reduce (gloo on CPU, NCCL on GPU), one stage;
+* :mod:`.byteps_ps` BytePS push_pull (parameter server), two stages, pulls follow pushes;
 * :mod:`.channel`   how rank 0 announces the global order to the other ranks;
 * :mod:`.sync`      the :class:`Synchroniser`: the threads that issue ops in one global order on every
   rank and report completions, failing loudly (never hanging) on a mismatch or a dead peer.

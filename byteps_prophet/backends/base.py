@@ -3,19 +3,22 @@
 An :class:`Op` is one synchronisation: rows ``[row_start, row_end)`` (dim 0) of one gradient of one
 iteration, stored in ``tensor`` (a 2-D, contiguous view of those rows, synchronised in place). A
 backend issues an op asynchronously (``issue`` returns a handle) and ``wait`` blocks until it is done;
-afterwards ``tensor`` holds the average over all workers. ``serializations`` says how often each byte
-crosses the bottleneck link (2 for a parameter server's push then pull, 1 for an all-reduce).
+afterwards ``tensor`` holds the average over all workers. ``traits`` (core.engine.EngineTraits) say what
+the engine is like: how often each byte crosses the bottleneck link (2 for a parameter server's push then
+pull, 1 for an all-reduce), whether pulls follow pushes.
 
 Backends never see the scheduler: the :class:`~byteps_prophet.backends.sync.Synchroniser` calls
 ``issue`` in one global order and ``wait`` in the same order, from its own threads.
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.errors import ConfigError
 
 
@@ -48,11 +51,10 @@ class Op:
 
 
 class Backend:
-    """Base class. Subclasses set ``serializations`` and implement ``issue``/``wait``."""
+    """Base class. Subclasses set ``traits`` and implement ``issue``/``wait``."""
 
     name = "base"
-    serializations = 1
-    pulls_follow_pushes = False  # see core.scheduler.Transport
+    traits = EngineTraits(name="local")
 
     def __init__(self) -> None:
         self.rank = 0
@@ -117,3 +119,12 @@ def timeout_s(environ=None) -> float:
     if value <= 0:
         raise ConfigError(f"BYTEPS_PROPHET_TIMEOUT={raw!r} is invalid; valid: a positive number of seconds")
     return value
+
+
+def import_byteps(plugin: str, instead: str):
+    """``byteps.<plugin>``, or a one-line ConfigError saying how to get it and what to use instead."""
+    try:
+        return importlib.import_module(f"byteps.{plugin}")
+    except ImportError as err:
+        raise ConfigError(f"backend byteps: byteps.{plugin} is not importable ({err}); "
+                          f"valid: build it with scripts/build_byteps.sh, or {instead}") from None

@@ -1,4 +1,4 @@
-"""BytePS push_pull (parameter server): each byte is pushed then pulled, ``serializations = 2``.
+"""BytePS push_pull (parameter server): each byte is pushed then pulled (two stages).
 
 A slice is pushed under ``bpp.<gradient>[<rows>].<round parity>``, averaged over workers, in place.
 BytePS numbers keys in the order a worker first declares them, so every key is declared
@@ -22,24 +22,22 @@ from __future__ import annotations
 import bisect
 import os
 
-from byteps_prophet.backends.base import ORDER_CHANNEL_PORT, Backend, BackendError, Op, master_port, timeout_s
+from byteps_prophet.backends.base import (ORDER_CHANNEL_PORT, Backend, BackendError, Op, import_byteps, master_port,
+                                          timeout_s)
 from byteps_prophet.backends.channel import StoreChannel, make_store
+from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import ConfigError
 
 
 class BytePSBackend(Backend):
     name = "byteps"
-    serializations = 2
-    pulls_follow_pushes = True  # BytePS pulls a partition once the server acknowledged its push
+    # BytePS pulls a partition once the server acknowledged its push
+    traits = EngineTraits(name="byteps", stages=2, pulls_follow_pushes=True)
 
     def __init__(self, init: bool = True) -> None:
         super().__init__()
-        try:
-            import byteps.torch as bps
-        except ImportError as err:
-            raise ConfigError(f"backend byteps: byteps.torch is not importable ({err}); "
-                              f"valid: build it with scripts/build_byteps.sh, or backend gloo") from None
+        bps = import_byteps("torch", "backend gloo")
         import byteps.torch.ops as ops
 
         self.bps = bps

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 from byteps_prophet.backends.base import Backend, BackendError, Op, master_port, timeout_s
 from byteps_prophet.backends.channel import StoreChannel
+from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.errors import ConfigError
 
 
@@ -30,7 +31,7 @@ def env_rank_and_size(environ=None) -> tuple[int, int]:
 
 
 class TorchDistBackend(Backend):
-    serializations = 1
+    traits = EngineTraits(name="gloo", stages=1)
 
     def __init__(self, kind: str = "gloo", group=None) -> None:
         super().__init__()

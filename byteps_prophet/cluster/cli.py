@@ -33,8 +33,8 @@ def register(subparsers) -> None:
     run.add_argument("--compose", metavar="FILE", help="cluster definition (default: docker/docker-compose.yml)")
     run.add_argument("--timeout", type=float, metavar="SEC", help="stop everything after SEC seconds (exit 124)")
     run.add_argument("--no-netns", action="store_true",
-                     help="plain loopback, no namespaces and no shaping (automatic, with a warning, "
-                          "when namespaces are unavailable)")
+                     help="plain loopback, no namespaces and no shaping (without it, a machine without "
+                          "namespaces is a one-line error)")
     run.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
                      help="extra environment for every role (repeatable)")
     run.add_argument("--dry-run", action="store_true", help="print hosts, commands and environment; run nothing")

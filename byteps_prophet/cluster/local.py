@@ -72,7 +72,7 @@ class ClusterSpec:
     latency: str | int | None = None    # one-way host-to-host delay (netem), e.g. 1ms, 500us
     engine: str | None = None           # byteps or mxnet (compose: ENGINE, else byteps)
     compose: str | os.PathLike | None = None  # compose file (default docker/docker-compose.yml)
-    netns: bool | None = None           # True: require namespaces; False: plain loopback; None: auto
+    netns: bool | None = None           # False: plain loopback; True or None: namespaces, or a one-line error
     # False: workers only, no scheduler or servers (torch.distributed, e.g. gloo); each worker gets
     # RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (worker-0) and MASTER_PORT (the cluster's port).
     parameter_server: bool = True
@@ -406,12 +406,9 @@ class Cluster:
             raise UserError("cluster already started")
         self._check_engine_installed()
         reason = None if self.spec.netns is False else nets.unavailable_reason()
-        if self.spec.netns is True and reason:
-            raise UserError(f"cannot build a namespace cluster: {reason}; use --no-netns for plain "
-                            f"loopback without link shaping")
-        if self.spec.netns is None and reason:
-            self._warn(f"warning: {reason}; falling back to plain loopback without link shaping "
-                       f"(bandwidth and latency are NOT applied); pass --no-netns to choose this")
+        if reason:  # never a silent fall-back: unshaped links would pass for shaped ones
+            raise UserError(f"cannot build a namespace cluster: {reason}; pass --no-netns to run on plain "
+                            f"loopback without link shaping (bandwidth and latency NOT applied)")
         self.use_netns = reason is None and self.spec.netns is not False
         self._isolate_roles = (hasattr(os, "geteuid") and os.geteuid() == 0
                                and shutil.which("unshare") is not None)

@@ -23,8 +23,9 @@ _INF = float("inf")
 _NOT_SENT = (None, 0)
 
 
-class _RunningFit:
-    """Least squares y = a + b x over a sliding window, O(1) per sample."""
+class RunningFit:
+    """Least squares y = a + b x over a sliding window, O(1) per sample: the one line fit of the
+    monitors and of calibration."""
 
     def __init__(self, window: int) -> None:
         self._samples: deque[tuple[float, float]] = deque()
@@ -50,15 +51,26 @@ class _RunningFit:
     def clear(self) -> None:
         self.__init__(self._window)
 
-    def fit(self) -> tuple[float, float] | None:
-        """(intercept, slope), or None when the sizes do not spread enough to tell them apart."""
+    @property
+    def samples(self) -> deque[tuple[float, float]]:
+        return self._samples
+
+    def keep_last(self, count: int) -> None:
+        recent = list(self._samples)[-count:] if count else []
+        self.clear()
+        for x, y in recent:
+            self.add(x, y)
+
+    def fit(self, flat_through_origin: bool = False) -> tuple[float, float] | None:
+        """(intercept, slope), or None when the sizes do not spread enough to tell them apart (with
+        ``flat_through_origin``, a line through the origin with the same mean then)."""
         n = self._n
         if n < MIN_FIT_SAMPLES:
             return None
         mean_x, mean_y = self._sx / n, self._sy / n
         var_x = self._sxx / n - mean_x * mean_x
         if var_x <= (0.05 * mean_x) ** 2:
-            return None
+            return (0.0, mean_y / mean_x) if flat_through_origin and mean_x > 0 and mean_y > 0 else None
         slope = (self._sxy / n - mean_x * mean_y) / var_x
         if slope <= 0:
             return None
@@ -72,7 +84,7 @@ class BandwidthMonitor:
     # Seconds between sending an op and its bytes reaching the link (an engine's start-up, which ops
     # already in flight overlap): not a cost the link serialises. Completions cannot tell it apart
     # here, so it is 0 unless told (set the attribute) or measured by a subclass
-    # (``byteps_prophet.backends.link.LinkMonitor``); the simulator has none.
+    # (``byteps_prophet.core.link.LinkMonitor``).
     latency: float = 0.0
 
     def __init__(self, window: int = 64, serializations: int = 1) -> None:
@@ -80,7 +92,7 @@ class BandwidthMonitor:
         self._delivered = 0
         self._in_flight: dict[int, tuple[float, int]] = {}
         self._rates: deque[float] = deque(maxlen=window // 2)
-        self._service = _RunningFit(window)
+        self._service = RunningFit(window)
         self._last_finish = float("-inf")
         self._last_bytes = 0
         self._cached: tuple[int, tuple[float, float] | None] = (-1, None)

@@ -1,4 +1,4 @@
-"""Stock ByteScheduler (SOSP'19): priority + partition + credit, as ALGORITHMS.md section 2 states it.
+"""Stock ByteScheduler (SOSP'19): priority + partition + credit, as docs/ALGORITHMS.md section 2 states it.
 
 Ready gradients are cut into partitions of at most ``partition`` elements and queued by priority
 (index * 1000 + partition number; ties broken by arrival order, never by comparing tasks). The
@@ -20,8 +20,8 @@ class ByteScheduler(Scheduler):
     name = "bytescheduler"
     tuning_steps_per_probe = 10  # the original measured ~100 steps per probe
 
-    def __init__(self, settings, clock, transport, on_done=None) -> None:
-        super().__init__(settings, clock, transport, on_done)
+    def __init__(self, settings, clock, transport, on_done=None, monitor=None) -> None:
+        super().__init__(settings, clock, transport, on_done, monitor)
         self.credit_limit = settings.credit
         self.credit = settings.credit
         self._queue: list[tuple[int, int, Task]] = []
@@ -31,7 +31,7 @@ class ByteScheduler(Scheduler):
         self._current_iteration: int | None = None
         self.tuner = None
         if settings.credit_tuning:
-            bounds = PS_BOUNDS if getattr(transport, "serializations", 1) == 2 else ALLREDUCE_BOUNDS
+            bounds = PS_BOUNDS if self.traits.is_parameter_server else ALLREDUCE_BOUNDS
             self.tuner = CreditTuner(bounds)
             self.set_credit(self.tuner.suggest())
 

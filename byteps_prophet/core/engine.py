@@ -28,6 +28,15 @@ from byteps_prophet.errors import ConfigError
 SCHEMA = "byteps-prophet/engine/1"
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(ok: bool, name: str, value, valid: str) -> None:
+    if not ok:
+        raise ConfigError(f"trait {name}={value!r} is invalid; valid: {valid}")
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineTraits:
     name: str = "ideal"
@@ -137,11 +146,3 @@ def load_engine(path: str) -> EngineTraits:
         raise ConfigError(f"engine profile {path!r}: no 'traits' object")
     return EngineTraits.from_dict(data["traits"], f"engine profile {path!r}")
 
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check(ok: bool, name: str, value, valid: str) -> None:
-    if not ok:
-        raise ConfigError(f"trait {name}={value!r} is invalid; valid: {valid}")

@@ -1,116 +1,11 @@
-"""Prophet (ICPP'21): predictable communication scheduling, as ALGORITHMS.md sections 3 and 3b state it.
+"""Prophet (ICPP'21): predictable communication scheduling (docs/ALGORITHMS.md sections 3 and 3b).
 
-Prophet is ByteScheduler with the credit partitioning replaced by block assignment. It profiles the
-stepwise ready pattern (``ReadyProfiler``) and measures bandwidth continuously (the base class's
-``BandwidthMonitor``); until both are known, and whenever they are not, it behaves exactly like
-ByteScheduler, so it never stalls for lack of a prediction.
-
-Two modes:
-
-``paper``  Section 3 exactly: collect a block, grant it ``gap x bandwidth`` bytes, release the most
-           urgent pending partitions while the next one fits, stop at the first that does not; the
-           last block (the one holding gradient 0) goes under ByteScheduler's credit.
-``default`` The same prediction, work-conserving. The link is modelled as ``serializations`` FIFO
-           stages (push, pull) that each take ``message_cost + bytes / bandwidth`` per piece, both
-           measured by the ``BandwidthMonitor``; the model is re-anchored at every completion.
-           While bytes are pending, send whenever the first stage would free before the next event
-           (completion or predicted arrival) -- the last chance to decide without idling it. The
-           piece is the most urgent pending rows, cut to end on the link:
-           * before the next predicted arrival, when the backlog -- the bytes pending now plus
-             those predicted to arrive before the end (sizes as last posted) -- clears before the
-             predicted end of backward (only then can an arrival waiting behind a chunk delay the
-             next forward; otherwise a cut only adds a message to a link busy to the end);
-           * at the predicted end of backward, when the link is backlogged past it (arrivals until
-             then only reorder a busy link; gradient 0 must not wait behind a long chunk);
-           * after the last arrival, in equal chunks ``c = sqrt(P * bandwidth * cost / (stages-1))``
-             for the ``P`` bytes pending then, which minimise ``(P/c) * cost + (stages-1) * c/bw``
-             (per-message cost against the later stages trailing the last chunk); one stage: whole.
-           never below a floor of ``FLOOR_LATENCIES`` message costs' worth of bytes (overhead <= 25%).
-           Start-up latency: on real engines (gloo, BytePS) an op reaches the link only ``latency``
-           after it is sent (threads to wake, every rank to join), and ops already in flight overlap
-           it; the monitor reports it as ``bandwidth.latency`` (the core ``BandwidthMonitor``: 0, so
-           the simulator is unchanged; the plugins' ``LinkMonitor`` measures it). A piece then starts
-           on the link no earlier than ``now + latency``, the hold becomes "send while the link would
-           free before the next event *plus latency*" (a piece decided at that event would reach the
-           link only then: holding longer idles it), and arrivals count from when they can reach the
-           link (``+ latency``) in the cuts above. With one piece on the link, small pieces whose
-           service adds up to less than the latency (the small gradients after the end of backward)
-           are therefore all in flight together, as under a credit, instead of one per completion,
-           each paying the latency on an idle link.
-           End of backward: nothing more urgent can arrive this iteration and the link serves
-           pieces in the order sent, so a hold can only add start-up latency; everything pending
-           goes at once, most urgent first (still cut into the drain chunks). This matters where the
-           link's rate is misread: in a compute-bound step an op completes at the slower rank's
-           compute pace, rank 0's monitor reads that pace as the rate, and the hold issued the last
-           30-40 pieces one completion at a time (0.65-0.8 s after the end of backward where FIFO
-           needed 0.01-0.2 s; docs/AB.md section 7). First for one-stage links (all-reduce); for
-           two-stage ones (parameter server) measured later, 3 rounds each on the MXNet store:
-           transformer 300 Mbit/s Prophet/BS 1.062x without the hold, 0.989x with it; resnet b128
-           level (docs/AB.md section 8).
-           Except where a pull is requested only once its push is acknowledged, over the same uplink
-           (the transport's ``pulls_follow_pushes``: BytePS, MXNet's dist store): there the request queues
-           behind every byte pushed before it, so everything in flight at once finishes all pushes
-           before any pull and gradient 0 waits for all of them; the hold stays, which keeps the
-           pushes queued ahead of a request to about a completion's worth plus the latency. torch
-           BytePS, vgg 500 Mbit/s: a 6 MB op sent 0.18 s before the end of backward completed 1.29 s
-           after it, behind the 36 MB pushed then; Prophet/BS 0.753x without the hold, 1.044x with it
-           (docs/AB.md section 10). On such a link a request also waits behind the push queued after
-           its own (keeping one queued is what keeps the uplink from idling), so the model has one
-           more stage there: push, the request's wait, pull. With two, every completion came a push
-           later than modelled and the hold kept too little queued: a 41 MB burst in 1 MB pieces
-           took 56 ms in memory where 45 suffice (tests/core/test_prophet_default.py).
-           A late peer: on a parameter server a piece completes only once every worker has pushed
-           it, so while a slower worker is behind every completion is late and the model's lag
-           grows, though this worker's own uplink is idle. Only an early completion (negative lag)
-           moves the first stage there; the later stages keep the lag. torch BytePS, resnet
-           compute-bound: with the lag on every stage, pieces ready 0.2-1.5 s before the end of
-           backward waited for the peer's completions and half the iterations ended 0.3-1.0 s after
-           the slower worker's backward (ByteScheduler: 0.01 s; docs/AB.md section 12).
-           In flight under the credit, where pulls follow pushes: BytePS does not serve the ops in
-           flight as the model's FIFO stages but together (its partitions go to several servers at
-           once, whose engine threads share the cores), and every completion waits for the slowest
-           worker's push, so its completions read as a start-up latency of 140-160 ms that lets the
-           hold send whatever is ready, and gradient 0 waits for all of it. torch BytePS, vgg
-           1 Gbit/s: 2.5-42 MB in flight at the end of backward (ByteScheduler: 17, its credit),
-           gradient 0 done 0.36-0.62 s after it (0.32-0.39). There ByteScheduler's credit bounds
-           what is in flight too, as it does ByteScheduler's; within it the hold and the cuts still
-           decide what goes and how large (docs/AB.md section 13).
-           Chunks where pulls follow pushes: a chunk's pulls start only once its last byte is
-           pushed, before the last arrival as after it, so there every chunk is at most 2 MiB
-           (``TRAILING_CHUNK_BYTES``, the default of ``max_chunk_bytes``). Cut to end at the
-           predicted end of backward while the link is backlogged, chunks of 8-16 MB carried 16% of
-           the bytes (torch BytePS, vgg 1 Gbit/s) and push and pull took turns. The drain chunk
-           would be the derived size, but BytePS's per-message cost reads as about 0, which makes it
-           one atom: measured worse at 200 Mbit/s (docs/AB.md section 14).
-           The flight window, where pulls follow pushes: what is in flight is at most one chunk per
-           stage of the link model, or the bytes the link carries in one start-up latency if more
-           (``rate x latency``, a bandwidth-delay product), and never more than the credit. The hold
-           alone trusts the model's first stage, which a late completion does not move (a late peer,
-           above); where the link itself is slower than measured -- one server's link shared by the
-           workers' pushes -- the model then sends ahead of the link, and every byte in flight at
-           the end of backward is one that gradient 0 waits behind. torch BytePS, transformer
-           200 Mbit/s: 11 MB in flight 0.3 s before the end of backward, gradient 0 done 1.7-2.9 s
-           after it (ByteScheduler: 2.0-2.6 s); with at most 4-6 MiB in flight, 1.1-1.3 s, and
-           Prophet 1.040x of the rule before in alternating runs (docs/AB.md section 20). Where the
-           latency is long (BytePS's completions read as 140-160 ms at 1 Gbit/s) the window is the
-           credit, as before.
-           Wakeups: the hold waits for the next event, and a completion can come later than the
-           model says (a peer behind, a lag read before the iteration fell behind); the pieces held
-           then waited for it on an idle uplink. So the hold also asks for a tick (``on_wakeup``) at
-           the last moment a piece sent then reaches the link as it frees: the link never idles for
-           a late event (docs/AB.md section 15).
-           A link that keeps up, where pulls follow pushes: when the profiled arrivals, served in
-           arrival order at the measured rate, leave at most ``KEEPS_UP_BACKLOG`` of the step's bytes
-           queued at the predicted end of backward, nothing waits for a prediction to reorder, and
-           the iteration goes under ByteScheduler's credit (as without a profile). On those engines
-           the hold costs CPU that the link model does not see: BytePS-MXNet resnet b128 1 Gbit/s,
-           the leader's CPU per step 1.78-1.95 s held, ByteScheduler's 1.57-1.71 s, and Prophet
-           0.955x of FIFO over 32 rounds. The rate that decides is one that ``KEEPS_UP_REACHED`` of
-           the last ``KEEPS_UP_ITERATIONS`` iterations' readings reached: a completion that waited
-           for a slower peer reads as a slow link, so many readings under the credit there are low
-           (3.4-79 MB/s at the start of an iteration, a third below 20): decided on the reading of
-           the moment a third of the iterations were held, on the median of five 17%, while a rate
-           that two readings reached the link did deliver (docs/AB.md section 24).
+ByteScheduler with the credit partitioning replaced by block assignment: it profiles the stepwise
+ready pattern (``ReadyProfiler``), measures the link continuously (``bandwidth``), and behaves exactly
+like ByteScheduler whenever either is unknown. ``paper`` mode is section 3 as published; the
+``default`` mode keeps the prediction but never idles the link. Its rules depend on the engine
+(``self.traits``: stages, whether pulls follow pushes, atoms); each rule, with the measurement that
+decided it, is a record in docs/DESIGN.md, cited below by its heading.
 """
 from __future__ import annotations
 
@@ -119,88 +14,59 @@ from collections import deque
 from heapq import heappop, heappush
 
 from byteps_prophet.core.bytescheduler import ByteScheduler
+from byteps_prophet.core.linkmodel import LinkModel
+from byteps_prophet.core.prediction import StepPrediction
 from byteps_prophet.core.profiler import ReadyProfiler, StepProfile
 from byteps_prophet.core.task import Task, atom_grid, atom_rows
 
 MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
-PACE_LIMITS = (0.5, 2.0)
-TRAILING_CHUNK_BYTES = 2 * 1024 * 1024  # where pulls follow pushes: module docstring
-KEEPS_UP_BACKLOG = 0.1  # of the step's bytes: module docstring, "A link that keeps up"
+TRAILING_CHUNK_BYTES = 2 * 1024 * 1024  # where pulls follow pushes: DESIGN.md, "2 MiB trailing chunks"
+KEEPS_UP_BACKLOG = 0.1  # of the step's bytes: DESIGN.md, "Link keeps up"
 KEEPS_UP_ITERATIONS = 5  # the rate that decides it: one that this many of the last
 KEEPS_UP_REACHED = 2  # ... KEEPS_UP_ITERATIONS iterations' readings reached
 
 
 class Prophet(ByteScheduler):
-    name = "prophet"
-    # Whether "the backlog clears before the predicted end of backward" counts the bytes predicted to
-    # arrive before then (True), or only those pending now (False: the rule before, which cut chunks
-    # for arrivals even when the link was busy to the end anyway; kept so the benchmark can show it).
-    count_arrivals_to_come = True
-    # Whether, on a parameter server, only an early completion moves the model's first stage (True),
-    # or a late one too (False: the rule before, which held this worker's pushes while a slower peer
-    # made every completion late; kept so the tests can show it).
-    peer_lag_spares_pushes = True
-    # Whether, where pulls follow pushes, ByteScheduler's credit also bounds what is in flight (True),
-    # or only the link model's hold does (False: the rule before, kept so the tests can show it).
-    credit_bounds_flight = True
-    # Whether, where pulls follow pushes, every chunk is at most ``TRAILING_CHUNK_BYTES`` (True), or
-    # not (False: the rule before, kept so the tests can show it).
-    chunks_trail_pulls = True
-    # Whether, where pulls follow pushes, the flight window also bounds what is in flight (True), or
-    # only the credit does (False: the rule before, kept so the tests can show it).
-    flight_window = True
-    # Whether, where pulls follow pushes, an iteration whose link keeps up goes under ByteScheduler's
-    # credit (True), or is held like any other (False: the rule before, kept so the tests can show it).
-    credit_when_link_keeps_up = True
+    """Three parts: the prediction (``StepPrediction``: when gradients will be ready), the link model
+    (``LinkModel``: when what is sent will be done), and the decisions below (when to send, how much:
+    the chunk, and under which bounds)."""
 
-    def __init__(self, settings, clock, transport, on_done=None) -> None:
-        super().__init__(settings.replace(credit_tuning=False), clock, transport, on_done)
+    name = "prophet"
+
+    def __init__(self, settings, clock, transport, on_done=None, monitor=None) -> None:
+        super().__init__(settings.replace(credit_tuning=False), clock, transport, on_done, monitor)
         self.mode = settings.prophet_mode
         self.profiler = ReadyProfiler(settings.profile_iterations, settings.boundary_factor, settings.drift_tolerance)
-        self._serializations = max(1, getattr(transport, "serializations", 1))
-        # Keep holding after the end of backward where sending everything would queue the pulls'
-        # requests behind all of it (module docstring, "End of backward").
-        self._hold_after_backward = bool(getattr(transport, "pulls_follow_pushes", False))
-        self._flight_under_credit = self._hold_after_backward and self.credit_bounds_flight
-        # module docstring, "Chunks where pulls follow pushes"
-        default_cap = TRAILING_CHUNK_BYTES if self._hold_after_backward and self.chunks_trail_pulls else math.inf
-        self._chunk_cap = settings.max_chunk_bytes or default_cap
+        traits = self.traits
+        self._serializations = traits.stages
+        # Where pulls follow pushes (DESIGN.md, "End-of-backward flush" and the rules after it): keep
+        # holding after the end of backward, bound what is in flight by the credit and the flight
+        # window, cap every chunk, and send a step the link keeps up with under the credit.
+        self._pulls_follow_pushes = traits.pulls_follow_pushes
+        self._chunk_cap = settings.max_chunk_bytes or (TRAILING_CHUNK_BYTES if self._pulls_follow_pushes else math.inf)
         # Cuts end on multiples of this many elements' rows (0: any row), for engines where each
-        # distinct slice is a key to set up (the BytePS backend's fixed atoms): see ``_rows_for``.
-        self.cut_elements = 0
+        # distinct slice is a key to set up (fixed atoms): see ``_rows_for``.
+        self.cut_elements = traits.atom_elements
+        self.prediction = StepPrediction()
+        self.link = LinkModel(self._serializations + self._pulls_follow_pushes, traits.is_parameter_server)
+        self._flight_depth = len(self.link.stage_free) * self._chunk_cap  # DESIGN.md, "Flight window"
         self._plan: StepProfile | None = None
-        # Derived from the plan once per profile, not per iteration: gradients by predicted ready
-        # offset, those offsets in that order, and each block's gradient count.
-        self._derived_from: StepProfile | None = None
-        self._order: list[int] = []
-        self._order_offsets: list[float] = []
-        self._block_sizes: list[int] = []
-        self._missing: list[int] = []  # per block: gradients not yet arrived this iteration
-        self._span = 0.0
         self._sizes: dict[int, int] = {}  # bytes of each gradient, as last posted
-        self._bytes_from: list[int] = [0]  # per position in _order: bytes of it and later arrivals
         self._iteration: int | None = None
-        self._first_ready = 0.0
-        self._arrived: set[int] = set()
-        self._upcoming = 0  # position in _order of the next gradient not yet arrived
-        self._pace = 1.0  # observed / predicted progress through this iteration's backward pass
-        self._next_block = 0  # first block not completely collected
-        self._in_last_block = False
         self._backward_done = False  # end_of_backward seen for the current iteration
-        self._releases: deque[int] = deque()  # collected blocks whose budget is still to be granted
-        # The link model: when each of its stages frees, when each piece sent finishes (FIFO), and
-        # how far reality runs behind that model, re-anchored at every completion.
-        # Where pulls follow pushes, a pull is requested behind the push the hold keeps queued after
-        # it, so the link is modelled with that wait as one more stage (module docstring).
-        self._stage_free = [0.0] * (self._serializations + self._hold_after_backward)
-        self._flight_depth = len(self._stage_free) * self._chunk_cap  # module docstring, "The flight window"
-        self._finishes: deque[tuple[Task, float]] = deque()
-        self._lag = 0.0
         self._drain_chunk: float | None = None
+        # The paper mode's blocks: each block's gradient count, those not yet arrived this iteration,
+        # the first block not completely collected, and collected blocks whose budget is to be granted.
+        self._block_sizes: list[int] = []
+        self._missing: list[int] = []
+        self._next_block = 0
+        self._in_last_block = False
+        self._releases: deque[int] = deque()
         # The rate read at the start of each of the last iterations, with a profile or without:
-        # module docstring, "A link that keeps up"
+        # DESIGN.md, "Link keeps up"
         self._recent_rates: deque[float] = deque(maxlen=KEEPS_UP_ITERATIONS)
+        self.planned_iterations = 0  # iterations scheduled by the prediction (not under the credit)
 
     # -- events --------------------------------------------------------------------------------------
     def _on_ready(self, task: Task) -> None:
@@ -210,17 +76,19 @@ class Prophet(ByteScheduler):
         index = task.index
         self._sizes[index] = task.nbytes
         self.profiler.record(task.iteration, index, now)
-        arrived = self._arrived
+        arrived = self.prediction.arrived
         first = index not in arrived
         arrived.add(index)
         for piece in self._queued_pieces(task):
             self._enqueue(piece)
-        if self._plan is not None:
+        plan = self._plan
+        if plan is not None:
             if first:
-                block = self._plan.block_of.get(index)
+                block = plan.block_of.get(index)
                 if block is not None:
                     self._missing[block] -= 1
-            self._follow_arrival(index, now)
+            self.prediction.follow(index, now)
+            self._collect_blocks(until=plan.block_for(index))
 
     def _on_end_of_backward(self, iteration: int) -> None:
         if iteration != self._iteration:
@@ -230,54 +98,35 @@ class Prophet(ByteScheduler):
         if self._plan is not None:
             self._collect_blocks(until=len(self._plan.blocks))
 
+    def _on_finished(self, piece: Task) -> None:
+        self.credit = min(self.credit + piece.numel, self.credit_limit)  # ByteScheduler's
+        self.link.completed(piece, self.clock.now())
+
     def _begin_iteration(self, iteration: int, now: float) -> None:
         self.profiler.close()
-        self._iteration, self._first_ready = iteration, now
-        self._arrived = set()
-        self._plan = self.profiler.profile if self.bandwidth.known else None
-        # module docstring, "A link that keeps up"
-        decide_keeps_up = self._hold_after_backward and self.credit_when_link_keeps_up and self.mode != "paper"
+        self._iteration = iteration
+        self.prediction.begin(now)
+        self._plan = plan = self.profiler.profile if self.bandwidth.known else None
+        # DESIGN.md, "Link keeps up"
+        decide_keeps_up = self._pulls_follow_pushes and self.mode != "paper"
         if decide_keeps_up:
             rate = self.bandwidth.bytes_per_s
             if rate:
                 self._recent_rates.append(rate)
-        plan = self._plan
         if plan is not None:
-            if plan is not self._derived_from:
-                offsets = plan.offsets
-                self._order = sorted(offsets, key=lambda i: (offsets[i], -i))
-                self._order_offsets = [offsets[i] for i in self._order]
+            if plan is not self.prediction.derived_from:
+                self.prediction.derive(plan, self._sizes)
                 self._block_sizes = [len(block.indices) for block in plan.blocks]
-                self._span = plan.span
-                self._derived_from = plan
-                # Bytes still to arrive before the end of backward, by position in _order: the
-                # arrival at the end itself (gradient 0's) is left out.
-                sizes, total = self._sizes, 0
-                self._bytes_from = [0] * (len(self._order) + 1)
-                for k in range(len(self._order) - 2, -1, -1):
-                    total += sizes.get(self._order[k], 0)
-                    self._bytes_from[k] = total
             if decide_keeps_up and self._link_keeps_up():
                 self._plan = None
+            else:
+                self.planned_iterations += 1
             self._missing = list(self._block_sizes)
-        self._upcoming = 0
-        self._pace = 1.0
         self._drain_chunk = None
         self._next_block = 0
         self._in_last_block = False
         self._backward_done = False
         self._releases.clear()
-
-    def _follow_arrival(self, index: int, now: float) -> None:
-        plan = self._plan
-        predicted = plan.offsets.get(index)
-        if predicted is not None and predicted > 0.1 * self._span:
-            self._pace = min(max((now - self._first_ready) / predicted, PACE_LIMITS[0]), PACE_LIMITS[1])
-        order, arrived, upcoming = self._order, self._arrived, self._upcoming
-        while upcoming < len(order) and order[upcoming] in arrived:
-            upcoming += 1
-        self._upcoming = upcoming
-        self._collect_blocks(until=plan.block_for(index))
 
     def _collect_blocks(self, until: int) -> None:
         """Blocks before ``until`` are complete (a later one has started); so is any fully arrived."""
@@ -319,32 +168,29 @@ class Prophet(ByteScheduler):
         if not queue:
             return
         now = self.clock.now()
+        link, prediction = self.link, self.prediction
         # Only events move the lag, the pace and the next predicted arrival, so they are read once
         # per dispatch (again after a synchronous transport's events); the link model and the
         # backlog move with every send.
-        lag, stage_free, finishes = self._lag, self._stage_free, self._finishes
-        lag0 = self._first_stage_lag(lag)
-        first_ready, pace, upcoming = self._first_ready, self._pace, self._upcoming
-        next_ready = first_ready + pace * self._order_offsets[upcoming] if upcoming < len(self._order) else None
-        end = first_ready + pace * self._span
-        to_come = self._bytes_from[upcoming] if self.count_arrivals_to_come else 0
+        lag0, next_ready, end = link.first_stage_lag(), prediction.next_ready(), prediction.end()
+        to_come = prediction.bytes_to_come()
         # A piece reaches the link ``latency`` after it is sent (the engine's start-up, which ops
-        # already in flight overlap; 0 unless the monitor measures one, as in the simulator).
+        # already in flight overlap; 0 unless the monitor measures one).
         latency = self.bandwidth.latency
-        hold = self._hold_after_backward or not self._backward_done
-        under_credit = self._flight_under_credit
+        hold = self._pulls_follow_pushes or not self._backward_done
+        under_credit = self._pulls_follow_pushes
         bandwidth = None  # read on the first send: most calls find the link busy and send nothing
         while queue:
             if under_credit and (self.credit <= 0 or self._window_full()):
-                return  # module docstring, "In flight under the credit" and "The flight window"
-            start = stage_free[0] + lag0  # when the first stage of the link can take it
+                return  # DESIGN.md, "In flight under the credit" and "Flight window"
+            start = link.stage_free[0] + lag0  # when the first stage of the link can take it
             if start < now + latency:
                 start = now + latency
             if hold and self.in_flight_count:
                 # The next completion or predicted arrival: the next chance to decide. While the link
                 # stays busy past the time a piece sent then would reach it, that event gives another
                 # chance, so nothing is sent now.
-                event = finishes[0][1] + lag if finishes else math.inf
+                event = link.next_finish()
                 if next_ready is not None and next_ready > now and next_ready < event:
                     event = next_ready
                 if start > (event if event > now else now) + latency:
@@ -355,23 +201,8 @@ class Prophet(ByteScheduler):
             if bandwidth is None:
                 bandwidth, cost = self.bandwidth.rate_and_cost()
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
-            # Bytes for the chunk that starts on the link at ``start`` (module docstring); an arrival
-            # can reach the link ``latency`` after it happens.
-            if start < end + latency:
-                if next_ready is not None and start + (self.pending_bytes + to_come) / bandwidth < end + latency:
-                    chunk = bandwidth * (next_ready + latency - start - cost)  # done before the next arrival
-                else:
-                    chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
-            else:
-                if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
-                    stages = self._serializations - 1
-                    self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
-                chunk = self._drain_chunk
-            if chunk < floor:
-                chunk = floor
-            if chunk > self._chunk_cap:
-                chunk = self._chunk_cap
-            # The most urgent pending rows, cut to ``chunk`` (``_cut``, inlined): the rest stays queued.
+            chunk = self._chunk_bytes(start, next_ready, end, to_come, latency, bandwidth, cost, floor)
+            # The most urgent pending rows, cut to ``chunk``: the rest stays queued.
             piece = heappop(queue)[2]
             if piece.nbytes > 1.25 * chunk:
                 rows = self._rows_for(piece, chunk)
@@ -380,40 +211,39 @@ class Prophet(ByteScheduler):
                     heappush(queue, (piece.priority, next(self._sequence), piece))
                     piece = head
             self.pending_bytes -= piece.nbytes
-            # Advance the link model: each stage serves the piece after the previous stage and after
-            # the piece before it, for ``cost + bytes / bandwidth``.
-            service, done = cost + piece.nbytes / bandwidth, now + latency
-            for j, free in enumerate(stage_free):
-                shift = lag0 if j == 0 else lag
-                free += shift
-                done = (free if free > done else done) + service
-                stage_free[j] = done - shift
-            finishes.append((piece, done - lag))
+            link.advance(piece, now + latency, cost + piece.nbytes / bandwidth)
             self.credit -= piece.numel
             self._start(piece)
             if self._dispatch_again:  # a synchronous transport delivered events: re-read what they move
-                lag, next_ready, end = self._lag, self._predicted_next_ready(), self._predicted_end()
-                lag0 = self._first_stage_lag(lag)
-                if self.count_arrivals_to_come:
-                    to_come = self._bytes_from[self._upcoming]
+                lag0, next_ready, end = link.first_stage_lag(), prediction.next_ready(), prediction.end()
+                to_come = prediction.bytes_to_come()
 
-    def _on_finished(self, piece: Task) -> None:
-        self.credit = min(self.credit + piece.numel, self.credit_limit)  # ByteScheduler's
-        finishes = self._finishes
-        if finishes and finishes[0][0] is piece:  # the head, unless the transport reorders
-            self._lag = self.clock.now() - finishes.popleft()[1]
-            return
-        for k, (sent, predicted) in enumerate(finishes):
-            if sent is piece:  # the head, unless the transport reorders
-                self._lag = self.clock.now() - predicted
-                del self._finishes[k]
-                break
+    def _chunk_bytes(self, start: float, next_ready: float | None, end: float, to_come: int, latency: float,
+                     bandwidth: float, cost: float, floor: float) -> float:
+        """Bytes for the chunk that starts on the link at ``start`` (DESIGN.md, "Counting arrivals to
+        come", "Drain chunk", "Chunk floor", "2 MiB trailing chunks"); an arrival can reach the link
+        ``latency`` after it happens."""
+        if start < end + latency:
+            if next_ready is not None and start + (self.pending_bytes + to_come) / bandwidth < end + latency:
+                chunk = bandwidth * (next_ready + latency - start - cost)  # done before the next arrival
+            else:
+                chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
+        else:
+            if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
+                stages = self._serializations - 1
+                self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
+            chunk = self._drain_chunk
+        if chunk < floor:
+            chunk = floor
+        if chunk > self._chunk_cap:
+            chunk = self._chunk_cap
+        return chunk
 
     def _window_full(self) -> bool:
         """Whether what is in flight fills the flight window, the larger of one chunk per stage and
-        the link's rate times its start-up latency (module docstring). The monitor is read only past
-        the first: most calls find less in flight."""
-        if not self.flight_window or self.in_flight_bytes < self._flight_depth:
+        the link's rate times its start-up latency (DESIGN.md, "Flight window"). The monitor is read
+        only past the first: most calls find less in flight."""
+        if self.in_flight_bytes < self._flight_depth:
             return False
         return self.in_flight_bytes >= self.bandwidth.bytes_per_s * self.bandwidth.latency
 
@@ -421,29 +251,11 @@ class Prophet(ByteScheduler):
         """Whether the profiled arrivals, served in arrival order at the rate measured over the last
         iterations, leave at most ``KEEPS_UP_BACKLOG`` of the step's bytes queued at the predicted end
         of backward (the last arrival, gradient 0's, left out: it goes first under any rule)."""
-        if len(self._recent_rates) < KEEPS_UP_REACHED or not self._bytes_from[0]:
+        step_bytes = self.prediction.bytes_from[0]
+        if len(self._recent_rates) < KEEPS_UP_REACHED or not step_bytes:
             return False
-        rate, sizes = sorted(self._recent_rates)[-KEEPS_UP_REACHED], self._sizes
-        free = 0.0
-        for index, offset in zip(self._order[:-1], self._order_offsets):
-            free = (free if free > offset else offset) + sizes.get(index, 0) / rate
-        return (free - self._span) * rate <= KEEPS_UP_BACKLOG * self._bytes_from[0]
-
-    def _first_stage_lag(self, lag: float) -> float:
-        """How far the link's first stage runs behind the model. On a parameter server a piece
-        completes only once every worker has pushed it, so a completion late because a peer is behind
-        says nothing of this worker's own push: there only an early completion moves the first stage."""
-        if self.peer_lag_spares_pushes and self._serializations > 1 and lag > 0:
-            return 0.0
-        return lag
-
-    def _predicted_end(self) -> float:
-        return self._first_ready + self._pace * self._span
-
-    def _predicted_next_ready(self) -> float | None:
-        if self._upcoming >= len(self._order):
-            return None
-        return self._first_ready + self._pace * self._order_offsets[self._upcoming]
+        rate = sorted(self._recent_rates)[-KEEPS_UP_REACHED]
+        return self.prediction.backlog_at_end(rate, self._sizes) <= KEEPS_UP_BACKLOG * step_bytes
 
     def _queued_pieces(self, task: Task) -> list[Task]:
         """ByteScheduler's partition; with ``cut_elements``, runs of whole atoms of about that size
@@ -455,17 +267,6 @@ class Prophet(ByteScheduler):
         run = quantum * max(1, round(self.settings.partition / (quantum * task.row_numel)))
         return [task.slice(task.row_start + a, task.row_start + b, part=part)
                 for part, (a, b) in enumerate(atom_grid(task.rows, task.row_numel, run * task.row_numel))]
-
-    def _cut(self, piece: Task, nbytes: float) -> Task:
-        """The first rows of ``piece`` that fit ``nbytes``; the rest goes back to the queue."""
-        if piece.nbytes <= 1.25 * nbytes:  # also when nbytes is infinite
-            return piece
-        rows = self._rows_for(piece, nbytes)
-        if rows >= piece.rows:
-            return piece
-        head = piece.split_head(rows)  # the queued slice, never sent yet, keeps the rest
-        self._enqueue(piece)
-        return head
 
     def _rows_for(self, piece: Task, nbytes: float) -> int:
         """Rows of ``piece`` to cut for about ``nbytes``: at least one; with ``cut_elements`` the cut

@@ -22,15 +22,14 @@ from typing import Callable, Protocol
 
 from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.core.clock import Clock
+from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.core.settings import Settings
 from byteps_prophet.core.task import State, Task
 
 
 class Transport(Protocol):
-    serializations: int  # how often each byte crosses the bottleneck link: 2 for push+pull, 1 all-reduce
-    # Optional (default False): a piece's pull is requested over the uplink only once its push is
-    # acknowledged, so the request queues behind every byte pushed before then (BytePS's push_pull).
-    pulls_follow_pushes: bool
+    traits: EngineTraits  # what the engine behind it is like, fixed at its construction
+
 
     def send(self, task: Task) -> None:
         """Start synchronising ``task``; report completion with ``scheduler.finished(task)``."""
@@ -45,12 +44,16 @@ class Scheduler:
         clock: Clock,
         transport: Transport,
         on_done: Callable[[Task], None] | None = None,
+        monitor: BandwidthMonitor | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.transport = transport
+        self.traits: EngineTraits = transport.traits
         self.on_done = on_done or (lambda task: None)
-        self.bandwidth = BandwidthMonitor(serializations=getattr(transport, "serializations", 1))
+        # The plugins measure their link with ``LinkMonitor`` (start-up latency, shifts); the core's
+        # monitor takes each completion as an exact sample.
+        self.bandwidth = monitor or BandwidthMonitor(serializations=self.traits.stages)
         self.in_flight_bytes = 0
         self.in_flight_count = 0
         self._dispatching = False

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Mapping
 
 from byteps_prophet.errors import ConfigError
 
 SCHEDULERS = ("fifo", "bytescheduler", "prophet")
 PROPHET_MODES = ("default", "paper")
+LINK_MONITORS = ("measured", "core")
+# Old names still read, with a warning, when the new one is unset: old -> new.
+RENAMED = {"PROPHET_MXNET_ATOM_ELEMENTS": "BYTEPS_PROPHET_ATOM_ELEMENTS"}
 
 DEFAULT_PARTITION = 1_000_000  # elements, as in ByteScheduler
 DEFAULT_CREDIT = 4_000_000  # elements, as in ByteScheduler
@@ -32,6 +36,9 @@ class Settings:
     drift_tolerance: float = 0.25  # re-profile when the pattern or bandwidth moves by more than this
     min_chunk_bytes: int = 0  # 0 = derive from measured per-message cost and bandwidth
     max_chunk_bytes: int = 0  # 0 = no cap (2 MiB where pulls follow pushes: core/prophet.py)
+    # Engine side (the plugins).
+    atom_elements: int = 0  # Prophet's fixed atoms on BytePS and the MXNet stores; 0 = the engine's default
+    link_monitor: str = "measured"  # how the plugins measure their link: LinkMonitor, or the core's monitor
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -49,39 +56,69 @@ class Settings:
         _require(0 < self.drift_tolerance < 10, "PROPHET_DRIFT_TOLERANCE", self.drift_tolerance, "a number in (0, 10)")
         _require(self.min_chunk_bytes >= 0, "PROPHET_MIN_CHUNK_BYTES", self.min_chunk_bytes, "an integer >= 0")
         _require(self.max_chunk_bytes >= 0, "PROPHET_MAX_CHUNK_BYTES", self.max_chunk_bytes, "an integer >= 0")
+        _require(self.atom_elements >= 0, "BYTEPS_PROPHET_ATOM_ELEMENTS", self.atom_elements,
+                 "an integer >= 0 (elements; 0 = the engine's default)")
+        _require(self.link_monitor in LINK_MONITORS, "BYTEPS_PROPHET_LINK", self.link_monitor,
+                 ", ".join(LINK_MONITORS))
 
     def replace(self, **changes) -> "Settings":
         return dataclasses.replace(self, **changes)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
-        env = os.environ if environ is None else environ
-        return cls(
-            scheduler=env.get("BYTEPS_SCHEDULER", "fifo").strip().lower() or "fifo",
-            partition=_parse(env, "BYTESCHEDULER_PARTITION", int, DEFAULT_PARTITION, "a positive integer (elements)"),
-            credit=_parse(env, "BYTESCHEDULER_CREDIT", int, DEFAULT_CREDIT, "a positive integer (elements)"),
-            credit_tuning=_parse_bool(env, "BYTESCHEDULER_CREDIT_TUNING", False),
-            prophet_mode=env.get("PROPHET_MODE", "default").strip().lower() or "default",
-            boundary_factor=_parse(env, "PROPHET_BOUNDARY_FACTOR", float, 2.0, "a number > 1"),
-            profile_iterations=_parse(env, "PROPHET_PROFILE_ITERATIONS", int, 3, "an integer >= 1"),
-            drift_tolerance=_parse(env, "PROPHET_DRIFT_TOLERANCE", float, 0.25, "a number in (0, 10)"),
-            min_chunk_bytes=_parse(env, "PROPHET_MIN_CHUNK_BYTES", int, 0, "an integer >= 0"),
-            max_chunk_bytes=_parse(env, "PROPHET_MAX_CHUNK_BYTES", int, 0, "an integer >= 0"),
-        )
+        """Each field from its variable in ``ENVIRONMENT`` (unset or empty: the default)."""
+        env = _renamed(os.environ if environ is None else environ)
+        values = {}
+        for field in dataclasses.fields(cls):
+            name, valid = ENVIRONMENT[field.name]
+            raw = env.get(name)
+            if raw is not None and raw.strip():
+                values[field.name] = _convert(name, raw.strip(), type(field.default), valid)
+        return cls(**values)
+
+
+# Every field's variable, and what is valid (the README's settings table lists each, tests/test_settings.py).
+ENVIRONMENT = {
+    "scheduler": ("BYTEPS_SCHEDULER", ", ".join(SCHEDULERS)),
+    "partition": ("BYTESCHEDULER_PARTITION", "a positive integer (elements)"),
+    "credit": ("BYTESCHEDULER_CREDIT", "a positive integer (elements)"),
+    "credit_tuning": ("BYTESCHEDULER_CREDIT_TUNING", "0, 1"),
+    "prophet_mode": ("PROPHET_MODE", ", ".join(PROPHET_MODES)),
+    "boundary_factor": ("PROPHET_BOUNDARY_FACTOR", "a number > 1"),
+    "profile_iterations": ("PROPHET_PROFILE_ITERATIONS", "an integer >= 1"),
+    "drift_tolerance": ("PROPHET_DRIFT_TOLERANCE", "a number in (0, 10)"),
+    "min_chunk_bytes": ("PROPHET_MIN_CHUNK_BYTES", "an integer >= 0"),
+    "max_chunk_bytes": ("PROPHET_MAX_CHUNK_BYTES", "an integer >= 0"),
+    "atom_elements": ("BYTEPS_PROPHET_ATOM_ELEMENTS", "an integer >= 0 (elements)"),
+    "link_monitor": ("BYTEPS_PROPHET_LINK", ", ".join(LINK_MONITORS)),
+}
+
+
+def _convert(name: str, raw: str, kind: type, valid: str):
+    if kind is bool:
+        return _parse_bool({name: raw}, name, False)
+    if kind is str:
+        return raw.lower()
+    return _parse({name: raw}, name, kind, None, valid)
+
+
+def _renamed(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with each old name's value under its new name (where that is unset), with a warning."""
+    old = [name for name in RENAMED if env.get(name, "").strip()]
+    if not old:
+        return env
+    merged = dict(env)
+    for name in old:
+        new = RENAMED[name]
+        warnings.warn(f"{name} is renamed {new}; the old name still works for now", FutureWarning, stacklevel=3)
+        if not merged.get(new, "").strip():
+            merged[new] = merged[name]
+    return merged
 
 
 def _require(ok: bool, name: str, value, valid: str) -> None:
     if not ok:
         raise ConfigError(f"{name}={value!r} is invalid; valid: {valid}")
-
-
-def elements_from_env(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
-    """A positive element count from ``name`` (``default`` when unset); anything else is one-line
-    ConfigError naming it (the engines' atom sizes)."""
-    env = os.environ if environ is None else environ
-    value = _parse(env, name, int, default, "a positive integer (elements)")
-    _require(value > 0, name, value, "a positive integer (elements)")
-    return value
 
 
 def _parse(env: Mapping[str, str], name: str, kind, default, valid: str):

@@ -11,6 +11,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+
+class TensorSize:
+    """``numel`` and ``nbytes`` of a tensor description with ``shape`` and ``itemsize``."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
 PRIORITY_STRIDE = 1000  # priority = index * 1000 + partition number, as in ByteScheduler
 _new_task = object.__new__
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Callable
 
 import numpy as np
+
+from byteps_prophet.core.clock import Clock, MonotonicClock
 
 PS_BOUNDS = (1_000_000, 16_000_000)  # elements
 ALLREDUCE_BOUNDS = (4_000_000, 64_000_000)
@@ -59,3 +62,35 @@ class CreditTuner:
         self.history.append((credit, mean_step_s))
         # The optimiser maximises: score a credit by its negative step time.
         self._optimizer.register(params={"log2_credit": math.log2(credit)}, target=-mean_step_s)
+
+
+def credit_bounds(partition: int, total_elements: int) -> tuple[int, int]:
+    """What a tuning run on a real model searches: [partition / 4, the model's element count], at
+    least 4x apart."""
+    lo = max(partition // 4, 65_536)
+    return lo, max(total_elements, 4 * lo)
+
+
+def tune_credit(bounds: tuple[int, int], probes: tuple[int, int], probe_steps: int,
+                set_credit: Callable[[int], None], step: Callable[[], None], sync: Callable[[], None],
+                clock: Clock | None = None) -> dict:
+    """The tuning run of the benchmarks: per probe, ``set_credit`` (the scheduling worker's; a no-op
+    elsewhere), one transition step (not scored), then ``probe_steps`` steps scored by their mean time
+    once everything is synchronised. Every worker runs the same steps."""
+    clock = clock or MonotonicClock()
+    tuner = CreditTuner(bounds, random_probes=probes[0], guided_probes=probes[1])
+    history = []
+    while not tuner.done:
+        credit = tuner.suggest()
+        set_credit(credit)
+        step()
+        sync()
+        start = clock.now()
+        for _ in range(probe_steps):
+            step()
+        sync()
+        mean = (clock.now() - start) / probe_steps
+        tuner.observe(credit, mean)
+        history.append([credit, round(mean, 6)])
+    return {"best_credit": tuner.best, "probes": history, "credit_bounds": list(bounds),
+            "tune_probe_steps": probe_steps}

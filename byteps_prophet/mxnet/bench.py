@@ -317,33 +317,17 @@ class _Alone:
 
 def tune(kv, one_step, sync, probe_steps: int, probes: tuple[int, int], settings, total_elements: int,
          leader: bool) -> dict:
-    """The leader tunes ByteScheduler's credit with CreditTuner; every worker runs the same steps.
+    """The leader tunes ByteScheduler's credit (``core.tuning.tune_credit``, bounds as the torch
+    bench's); every worker runs the same steps."""
+    from byteps_prophet.core.tuning import credit_bounds, tune_credit
 
-    Each probe: set the credit (leader), one transition step (not scored), then ``probe_steps``
-    scored steps ending when everything is synchronised. Bounds as the torch bench: [partition / 4,
-    the model's element count] (at least 4x apart)."""
-    from byteps_prophet.core.tuning import CreditTuner
-
-    lo = max(settings.partition // 4, 65_536)
-    hi = max(total_elements, 4 * lo)
-    tuner = CreditTuner((lo, hi), random_probes=probes[0], guided_probes=probes[1])
-    history = []
-    while not tuner.done:
-        credit = tuner.suggest()
+    def set_credit(credit: int) -> None:
         if leader:
             with kv._lock:
                 kv.scheduler.set_credit(credit)
-        one_step()  # transition step, not scored
-        sync()
-        t0 = time.monotonic()
-        for _ in range(probe_steps):
-            one_step()
-        sync()
-        mean = (time.monotonic() - t0) / probe_steps
-        tuner.observe(credit, mean)
-        history.append([credit, round(mean, 6)])
-    return {"best_credit": tuner.best, "probes": history, "credit_bounds": [lo, hi],
-            "tune_probe_steps": probe_steps}
+
+    return tune_credit(credit_bounds(settings.partition, total_elements), probes, probe_steps, set_credit,
+                       one_step, sync)
 
 
 def main(argv=None) -> int:

@@ -41,6 +41,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 
 import mxnet as mx
 
+from byteps_prophet.backends.base import import_byteps
 from byteps_prophet.core import Settings
 from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.mxnet.engine import copy_raw
@@ -69,11 +70,10 @@ class BytePSTransport:
             self._socket_dir = tempfile.mkdtemp(prefix="bpp-bps-sock-")
             os.environ["BYTEPS_SOCKET_PATH"] = self._socket_dir
         try:
-            import byteps.mxnet as bps
-        except ImportError as err:
+            bps = import_byteps("mxnet", "--backend kvstore")
+        except ConfigError:
             self._cleanup()
-            raise ConfigError(f"backend byteps: byteps.mxnet is not importable ({err}); "
-                              f"valid: build it with scripts/build_byteps.sh, or --backend kvstore") from None
+            raise
         import mxnet as mx
 
         self.bps = bps
@@ -120,9 +120,10 @@ class BytePSScheduledKVStore(ScheduledKVStore):
     # Every atom is a BytePS tensor with its own pipeline on the workers and the servers. Atoms of
     # ByteScheduler's partition make a step under the credit ByteScheduler's, message for message:
     # resnet b128 1 Gbit/s (compute-bound) Prophet / FIFO 0.996x with them, 0.930-0.981x with 250 k;
-    # transformer --width 0.6 200 Mbit/s Prophet / BS 1.307x with them, 1.364x with 250 k (docs/AB.md
-    # section 24).
+    # transformer --width 0.6 200 Mbit/s Prophet / BS 1.307x with them, 1.364x with 250 k (docs/DESIGN.md,
+    # "ByteScheduler's partition for Prophet's queue on BytePS").
     atoms_per_partition = 1
+    engine_name = "byteps"
 
     def __init__(self, kvstore, settings: Settings | None = None, **kwargs) -> None:
         self._init_pool: ThreadPoolExecutor | None = None

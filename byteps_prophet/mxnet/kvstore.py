@@ -30,7 +30,7 @@ gradient is staged (a key completes only when every worker pushed it, so a follo
 as much as the leader's).
 
 Atoms: FIFO one per tensor (what MXNet does), ByteScheduler its partitions, Prophet a grid of
-``PROPHET_MXNET_ATOM_ELEMENTS``-element runs of rows from row 0 (default partition / 4), so its finer
+``BYTEPS_PROPHET_ATOM_ELEMENTS``-element runs of rows from row 0 (default partition / 4), so its finer
 cuts are honoured; its cuts end on the same grid (``Prophet.cut_elements``): a slice finer than an
 atom only cost a send (resnet: 600-770 sends a step for 107 atoms before, at most about 100 now).
 
@@ -43,7 +43,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import copy
-import math
 import os
 import sys
 import threading
@@ -59,15 +58,13 @@ from mxnet.kvstore import KVStoreBase
 
 from byteps_prophet.backends.base import ORDER_CHANNEL_PORT, BackendError, master_port, timeout_s
 from byteps_prophet.backends.channel import SocketChannel
-from byteps_prophet.backends.link import install_link_monitor
+from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.wakeup import install_wakeup_timer
-from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
-from byteps_prophet.core.settings import elements_from_env
+from byteps_prophet.core import EngineTraits, MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import UserError
 from byteps_prophet.mxnet.engine import EngineGate, Notifier, copy_raw
 
-ATOM_ENV = "PROPHET_MXNET_ATOM_ELEMENTS"
 IDLE_CLOSE_S = 0.1  # no pushpull for this long closes the step (unused parameters never come)
 _IDLE, _SENT, _DONE = 0, 1, 2
 
@@ -89,8 +86,10 @@ def is_leader(kvstore, environ=None) -> bool:
     return kvstore.rank == 0
 
 
-def atom_elements(settings: Settings, environ=None, per_partition: int = 4) -> int:
-    return elements_from_env(ATOM_ENV, max(1, settings.partition // per_partition), environ)
+def atom_elements(settings: Settings, per_partition: int = 4) -> int:
+    """Prophet's atom on the store: ``settings.atom_elements``, else ByteScheduler's partition cut in
+    ``per_partition``."""
+    return settings.atom_elements or max(1, settings.partition // per_partition)
 
 
 def atom_ranges(shape: tuple[int, ...], scheduler: str, partition: int, atom: int) -> list[tuple[int, int]]:
@@ -151,24 +150,18 @@ class _Sync:
 
 
 class ScheduledKVStore(KVStoreBase):
-    # A key's pull is requested only once its push is acknowledged, over the same uplink as the
-    # pushes: in dist_sync the server acknowledges a push once every worker has pushed the key; BytePS
-    # likewise. Told so, Prophet keeps its hold after backward, 2 MiB chunks and its flight window
-    # (core/prophet.py); untold, it put a step's atoms in flight at the end of backward and they
-    # finished together, gradient 0 last. BytePS-MXNet, transformer 300 Mbit/s: Prophet / BS 0.956x
-    # told, 0.718x-0.825x untold (docs/AB.md section 16). The KVStore, told against untold in
-    # alternating rounds: Prophet 1.084x at 200 Mbit/s, 1.026x at 300, level at 500 and compute-bound
-    # (section 21); told before the flight window and one op per atom, it had measured 0.860x.
-    pulls_follow_pushes = True
+    # A key's pull is requested only once its push is acknowledged, over the same uplink as the pushes
+    # (dist_sync and BytePS alike): the store's traits say so, and Prophet follows the rules of
+    # docs/DESIGN.md for such engines.
     # Prophet's default atom: ByteScheduler's partition cut in this many (docs/MXNET.md, "Transport").
     atoms_per_partition = 4
+    engine_name = "kvstore"
 
     def __init__(self, kvstore, settings: Settings | None = None, *, clock=None,
                  idle_close_s: float = IDLE_CLOSE_S) -> None:
         self.settings = Settings.from_env() if settings is None else settings
         self._atom = atom_elements(self.settings, per_partition=self.atoms_per_partition)
         self._real = kvstore
-        self.serializations = 2  # a push then a pull cross the link
         self._lock = threading.RLock()  # the scheduler and every call into the real store
         self._clock = clock or MonotonicClock()
         # Only one worker (the leader, see is_leader) schedules. In dist_sync a key's round completes
@@ -181,11 +174,12 @@ class ScheduledKVStore(KVStoreBase):
         self._channel = self._order_channel()
         self._mirror = self._channel is not None and not self.leader
         local = self.settings if self.leader else self.settings.replace(scheduler="fifo")
-        self.scheduler = make_scheduler(local, self._clock, self, self._on_done)
-        if self.leader:  # ps-lite/BytePS ops pay a start-up latency that ops in flight overlap
-            install_link_monitor(self.scheduler, self.serializations)
-            if self.settings.scheduler == "prophet":  # slices finer than an atom only cost sends
-                self.scheduler.cut_elements = self._atom
+        # A push then a pull cross the link, and Prophet's slices finer than an atom only cost sends.
+        self.traits = EngineTraits(name=self.engine_name, stages=2, pulls_follow_pushes=True,
+                                   atom_elements=self._atom if local.scheduler == "prophet" else 0)
+        # ps-lite/BytePS ops pay a start-up latency that ops in flight overlap: the LinkMonitor
+        monitor = link_monitor(self.settings, self.traits.stages) if self.leader else None
+        self.scheduler = make_scheduler(local, self._clock, self, self._on_done, monitor=monitor)
         self._timer = install_wakeup_timer(self.scheduler, self._tick, self._fail) if self.leader else None
         self._gate = EngineGate()
         self._keys: dict[Any, _Key] = {}

@@ -18,17 +18,27 @@ def register(subparsers) -> None:
                     "come from the environment (BYTESCHEDULER_PARTITION, BYTESCHEDULER_CREDIT, PROPHET_*).")
     p.add_argument("--model", help="resnet50, vgg16, alexnet, inception_v3 or bert_base (or use --profile)")
     p.add_argument("--profile", metavar="FILE", help="replay a recorded profile (docs/PROFILE.md) instead of the zoo")
+    p.add_argument("--engine", metavar="FILE",
+                   help="an engine profile written by `byteps-prophet calibrate` (docs/ENGINE.md), or a preset: "
+                        "ideal, ideal-ps, gloo, byteps, kvstore; sets the architecture, per-message cost, "
+                        "start-up latency, atoms, servers and compute slowdown")
     p.add_argument("--workers", type=_positive_int, default=8, help="data-parallel workers (default 8)")
-    p.add_argument("--servers", type=_positive_int, help="parameter servers (default: as many as workers)")
-    p.add_argument("--arch", choices=("ps", "allreduce"), default="ps", help="parameter server or ring all-reduce")
-    p.add_argument("--bandwidth", default="10gbit", help="per-link bandwidth, tc units (default 10gbit)")
-    p.add_argument("--overhead", default="50us", help="per-message cost on each link (default 50us)")
+    p.add_argument("--servers", type=_positive_int,
+                   help="parameter servers (default: the engine's, else as many as workers)")
+    p.add_argument("--arch", choices=("ps", "allreduce"),
+                   help="parameter server or ring all-reduce (default: the engine's, else ps)")
+    p.add_argument("--bandwidth", help="per-link bandwidth, tc units (default: the engine's measured rate, else 10gbit)")
+    p.add_argument("--overhead", help="per-message cost on each link (default: the engine's, else 50us)")
     p.add_argument("--latency", default="0us", help="one-way propagation latency (default 0)")
     p.add_argument("--batch", type=_positive_int, help="per-worker batch (default: the model's, 32)")
     p.add_argument("--device", default="v100", help="compute device of the cost model (v100, a100, h100, cpu)")
     p.add_argument("--scheduler", default="all",
                    help="comma-separated: fifo, bytescheduler, prophet; or all (default)")
     p.add_argument("--iterations", type=_positive_int, default=30, help="simulated iterations (default 30)")
+    p.add_argument("--jitter", type=float, default=0.0,
+                   help="per-worker compute jitter per iteration, as a fraction (0.05 = 5%%; default 0)")
+    p.add_argument("--slow-worker", type=float, default=1.0, metavar="FACTOR",
+                   help="one worker computes FACTOR times slower (default 1: none)")
     p.add_argument("--bandwidth-at", action="append", default=[], metavar="TIME=RATE",
                    help="change the bandwidth at a simulated time, e.g. 2s=3gbit (repeatable)")
     p.add_argument("--compute-at", action="append", default=[], metavar="TIME=FACTOR",
@@ -99,12 +109,18 @@ def run(args) -> int:
 
     settings = Settings.from_env()
     schedulers = parse_schedulers(args.scheduler)
+    engine = _engine(args)
+    bandwidth = args.bandwidth or ("10gbit" if engine is None or not engine.bandwidth_bytes_per_s
+                                   else f"{engine.bandwidth_bytes_per_s:.0f}bps")
+    args.bandwidth = bandwidth
+    args.arch = args.arch or ("ps" if engine is None or engine.is_parameter_server else "allreduce")
     cluster = ClusterSpec(
-        workers=args.workers, servers=args.servers, arch=args.arch, bandwidth=_bytes_per_s(args.bandwidth),
-        overhead=parse_latency(args.overhead, "--overhead") / 1e6,
+        workers=args.workers, servers=args.servers, arch=args.arch, bandwidth=_bytes_per_s(bandwidth),
+        overhead=parse_latency(args.overhead or "50us", "--overhead") / 1e6,
         latency=parse_latency(args.latency, "--latency") / 1e6,
         bandwidth_steps=_steps(args.bandwidth_at, _bytes_per_s, "bandwidth-at"),
         compute_steps=_steps(args.compute_at, _factor, "compute-at"),
+        engine=engine, jitter=args.jitter, slow_worker=args.slow_worker,
     )
     model, layers = _load_model(args)
     progress = None
@@ -114,10 +130,14 @@ def run(args) -> int:
         bar = tqdm(total=sum(len(v) for k, v in _variants(schedulers)), desc="simulating", leave=False)
         progress = lambda name: (bar.set_postfix_str(name), bar.update(1))  # noqa: E731
     comparison = compare(layers, cluster, schedulers, settings, iterations=args.iterations,
-                         warmup=min(10, args.iterations // 3), trace_iteration=args.iterations // 2)
+                         warmup=min(10, args.iterations // 3), trace_iteration=args.iterations // 2,
+                         progress=progress)
+    if progress is not None:
+        bar.close()
     out = report(comparison, model=model.name, tensors=len(layers), params=model.params,
                  batch=args.batch or model.default_batch, workers=args.workers,
-                 servers=args.servers or args.workers, arch=args.arch, bandwidth=args.bandwidth)
+                 servers=cluster.traits.servers or args.workers, arch=args.arch, bandwidth=args.bandwidth,
+                 engine=cluster.traits.to_dict())
     if args.trace:
         write_trace(comparison, args.trace)
     if args.plot:
@@ -127,6 +147,19 @@ def run(args) -> int:
     else:
         _print_table(out)
     return 0
+
+
+def _engine(args):
+    """The engine profile named by ``--engine``, with ``--overhead`` over its message cost; None
+    without one (an ideal engine)."""
+    from byteps_prophet.core.engine import load_engine
+
+    if not args.engine:
+        return None
+    engine = load_engine(args.engine)
+    if args.overhead:
+        engine = engine.replace(message_cost_s=parse_latency(args.overhead, "--overhead") / 1e6)
+    return engine
 
 
 def _variants(schedulers):

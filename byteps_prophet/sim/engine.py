@@ -10,10 +10,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from byteps_prophet.core import Settings, Task, make_scheduler
+from byteps_prophet.core import EngineTraits, Settings, Task, make_scheduler
+from byteps_prophet.core.link import LinkMonitor
 from byteps_prophet.errors import UserError
 from byteps_prophet.sim.network import ARCHITECTURES, Conditions, ParameterServerNetwork, RingAllReduceNetwork
 
@@ -32,24 +34,47 @@ class Layer:
 
 @dataclass(frozen=True)
 class ClusterSpec:
+    """The simulated cluster. ``engine`` (calibrated traits, ``core.engine``) describes the engine;
+    without one, an ideal engine of ``arch`` whose messages cost ``overhead`` on every link."""
     workers: int = 8
-    servers: int | None = None  # None: as many servers as workers
+    servers: int | None = None  # None: the engine's, else as many servers as workers
     arch: str = "ps"
     bandwidth: float = 10e9 / 8  # bytes/s per link and direction
     overhead: float = DEFAULT_OVERHEAD
     latency: float = 0.0
     bandwidth_steps: tuple[tuple[float, float], ...] = ()  # (time s, bytes/s)
     compute_steps: tuple[tuple[float, float], ...] = ()  # (time s, compute time factor)
+    engine: EngineTraits | None = None
+    # Stragglers: each worker's compute per iteration x (1 + jitter x a standard normal draw), one
+    # worker x slow_worker more; synchronous training runs at the slowest worker's pace.
+    jitter: float = 0.0
+    slow_worker: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
             raise UserError(f"architecture {self.arch!r} is unknown; valid: {', '.join(ARCHITECTURES)}")
+        if self.engine is not None and (self.arch == "ps") != self.engine.is_parameter_server:
+            raise UserError(f"architecture {self.arch!r} does not fit engine {self.engine.name!r} "
+                            f"({self.engine.stages} stage(s)); valid: {'ps' if self.engine.stages == 2 else 'allreduce'}")
+        if not 0 <= self.jitter < 1:
+            raise UserError(f"jitter={self.jitter} is invalid; valid: a number in [0, 1) (0.05 = 5% per worker)")
+        if not self.slow_worker >= 1:
+            raise UserError(f"slow_worker={self.slow_worker} is invalid; valid: a factor >= 1 (1.5 = 50% slower)")
         if self.workers < 1:
             raise UserError(f"workers={self.workers} is invalid; valid: an integer >= 1")
         if self.servers is not None and self.servers < 1:
             raise UserError(f"servers={self.servers} is invalid; valid: an integer >= 1")
         if self.bandwidth <= 0:
             raise UserError(f"bandwidth={self.bandwidth} is invalid; valid: a positive rate")
+
+    @property
+    def traits(self) -> EngineTraits:
+        """The engine's traits, with this cluster's number of servers where given."""
+        if self.engine is None:
+            return EngineTraits(name="ideal", stages=2 if self.arch == "ps" else 1, message_cost_s=self.overhead,
+                                servers=self.servers or 0)
+        return self.engine if self.servers is None else self.engine.replace(servers=self.servers)
 
 
 @dataclass
@@ -118,15 +143,14 @@ class Simulation:
         self.warmup = min(warmup, max(0, iterations - 2))
         self.loop = _EventLoop()
         self.conditions = Conditions(cluster.bandwidth, cluster.bandwidth_steps, cluster.compute_steps)
-        if cluster.arch == "ps":
-            self.network = ParameterServerNetwork(cluster.workers, cluster.servers or cluster.workers,
-                                                  self.conditions, cluster.overhead, cluster.latency,
-                                                  self.loop.at, self.loop.now)
-        else:
-            self.network = RingAllReduceNetwork(cluster.workers, self.conditions, cluster.overhead,
-                                                cluster.latency, self.loop.at, self.loop.now)
-        self.scheduler = make_scheduler(settings, self.loop, self.network, self._on_synced)
-        self.scheduler.on_wakeup = lambda t: self.loop.at(t, self._tick)
+        traits = cluster.traits
+        network = ParameterServerNetwork if traits.is_parameter_server else RingAllReduceNetwork
+        self.network = network(cluster.workers, traits, self.conditions, cluster.latency, self.loop.at, self.loop.now)
+        # A real engine's scheduler measures its link as the plugins do (start-up latency apart).
+        monitor = LinkMonitor(serializations=traits.stages) if cluster.engine is not None else None
+        self.scheduler = make_scheduler(settings, self.loop, self.network, self._on_synced, monitor)
+        self.scheduler.on_wakeup = self._wake_at
+        self._next_tick = math.inf
         self.network.on_finished = self._on_piece_finished
         self._sent: list[Task] = []
         self._trace = SpanLog(trace_iteration) if trace_iteration is not None else None
@@ -134,10 +158,24 @@ class Simulation:
         self._synced = [True] * len(self.layers)  # parameter i is up to date for the next forward
         self._waiting_for: int | None = None
         self._iteration_starts: list[float] = []
+        self._rng = random.Random(cluster.seed)
+        self._pace = 1.0  # the slowest worker's compute factor this iteration
 
     # -- compute ---------------------------------------------------------------------------------------
     def _compute_time(self, seconds: float) -> float:
-        return seconds * self.conditions.compute_factor(self.loop.time)
+        factor = self._pace * self.conditions.compute_factor(self.loop.time)
+        if self.scheduler.in_flight_count:  # the engine's threads share the cores
+            factor *= self.network.traits.compute_slowdown
+        return seconds * factor
+
+    def _slowest_pace(self) -> float:
+        """The compute factor of the slowest worker in one iteration (1 without stragglers)."""
+        cluster = self.cluster
+        if not cluster.jitter:
+            return cluster.slow_worker
+        draws = (max(0.1, 1 + cluster.jitter * self._rng.gauss(0.0, 1.0)) for _ in range(cluster.workers))
+        first = next(draws) * cluster.slow_worker
+        return max(first, max(draws, default=first))
 
     def _forward(self, i: int) -> None:
         if not self._synced[i]:
@@ -147,6 +185,7 @@ class Simulation:
             self._iteration_starts.append(self.loop.time)
             if self._iteration >= self.iterations:
                 return  # the start of the iteration after the last ends the measurement
+            self._pace = self._slowest_pace()
         start = self.loop.time
         end = start + self._compute_time(self.layers[i].fwd_s)
         self._log_compute(f"fwd {i}", start, end)
@@ -182,7 +221,17 @@ class Simulation:
             self._trace.pieces.append((piece.index, piece.key, piece.start_time, self.loop.time))
         self.scheduler.finished(piece)
 
-    def _tick(self, _=None) -> None:
+    def _wake_at(self, t: float) -> None:
+        """A timer that keeps only its earliest time, as the plugins' ``WakeupTimer``: a tick asks again
+        for whatever the dispatch still needs, so stale ticks never pile up."""
+        if t < self._next_tick:
+            self._next_tick = t
+            self.loop.at(t, self._tick, t)
+
+    def _tick(self, t: float) -> None:
+        if t != self._next_tick:
+            return  # superseded by an earlier time, which has fired
+        self._next_tick = math.inf
         self.scheduler.tick()
 
     def _on_synced(self, task: Task) -> None:
@@ -212,7 +261,7 @@ class Simulation:
 
 
 def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:
-    """ALGORITHMS.md section 4: max(C, T_comm, C + time to sync gradient 0).
+    """docs/ALGORITHMS.md section 4: max(C, T_comm, C + time to sync gradient 0).
 
     Section 4 charges the sync of gradient 0's first partition; Prophet's default mode cuts
     partitions, so the bound charges the least time any cut can take (``sync_time``)."""

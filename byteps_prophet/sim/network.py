@@ -1,15 +1,20 @@
-"""Network cost models of one representative worker in a symmetric cluster.
+"""Network cost models of one representative worker, driven by the engine's traits.
 
 Every worker runs the same schedule, so simulating one worker and charging the shared resources
 (server links, the ring) for all of them is exact for a homogeneous cluster and keeps the simulator
-fast at any scale. Links are FIFO and full duplex; each message pays a fixed ``overhead`` on every
-link it occupies (per-message processing cost) plus its bytes over the link's bandwidth, and one-way
-``latency`` (propagation, not occupying the link). With bandwidth on a schedule, a message is charged
-at the bandwidth in force when it starts on a link.
+fast at any scale (stragglers: the engine's compute model, ``sim/engine.py``). Links are FIFO; each
+message pays the engine's ``message_cost_s`` on every link it occupies (once per atom where the engine
+sends fixed atoms) plus its bytes over the link's bandwidth, and one-way ``latency`` (propagation, not
+occupying the link). An op reaches the link only ``startup_latency_s`` after it is sent; ops already
+queued overlap that wait. With bandwidth on a schedule, a message is charged at the bandwidth in force
+when it starts on a link.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
+
+from byteps_prophet.core.engine import EngineTraits
 
 ARCHITECTURES = ("ps", "allreduce")
 
@@ -45,37 +50,72 @@ class Conditions:
         return self._bandwidth[0][1]
 
 
-class ParameterServerNetwork:
-    """Push to servers, then pull: worker uplink -> server ingress, server egress -> worker downlink.
-
-    A message is striped over the ``servers`` (as BytePS spreads keys), so each server link carries
-    ``workers / servers`` times what one worker's link carries."""
-
-    serializations = 2
-
-    def __init__(self, workers: int, servers: int, conditions: Conditions, overhead: float, latency: float,
+class _Network:
+    def __init__(self, traits: EngineTraits, conditions: Conditions, latency: float,
                  schedule: Callable[[float, Callable, object], None], now: Callable[[], float]) -> None:
-        self.fan_in = workers / servers
-        self.conditions, self.overhead, self.latency = conditions, overhead, latency
+        self.traits = traits
+        self.conditions, self.latency = conditions, latency
+        self.overhead = traits.message_cost_s
         self._schedule, self._now = schedule, now
-        self._up = self._server_in = self._server_out = self._down = 0.0
         self.on_finished: Callable = lambda task: None
 
+    def _messages(self, task) -> int:
+        """Messages the engine sends for ``task``: one, or one per fixed atom it covers."""
+        atom = self.traits.atom_elements
+        return max(1, math.ceil(task.numel / atom)) if atom else 1
+
+
+class _Timeline:
+    """When a FIFO link frees."""
+    __slots__ = ("free",)
+
+    def __init__(self) -> None:
+        self.free = 0.0
+
+
+class ParameterServerNetwork(_Network):
+    """Push to servers, then pull: worker uplink -> server ingress, server egress -> worker downlink.
+
+    A message is striped over the servers (as BytePS spreads keys), so each server link carries
+    ``workers / servers`` times what one worker's link carries. Where pulls follow pushes, the pull is
+    requested over the worker's uplink once the push is acknowledged, behind every byte queued there
+    by then; without duplex links a worker's push and pull share one link."""
+
+    def __init__(self, workers: int, traits: EngineTraits, conditions: Conditions, latency: float,
+                 schedule, now) -> None:
+        super().__init__(traits, conditions, latency, schedule, now)
+        self.fan_in = workers / (traits.servers or workers)
+        self._up, self._server_in, self._server_out = _Timeline(), _Timeline(), _Timeline()
+        self._down = _Timeline() if traits.duplex else self._up
+
     def send(self, task) -> None:
-        t = self._now()
-        nbytes = task.nbytes
-        o = self.overhead
-        up_start = max(t, self._up)
+        nbytes, cost = task.nbytes, self.overhead * self._messages(task)
+        up = self._up
+        up_start = max(self._now() + self.traits.startup_latency_s, up.free)
         wire = nbytes / self.conditions.bandwidth(up_start)
-        self._up = up_end = up_start + o + wire
-        server_start = max(up_start, self._server_in)
-        self._server_in = pushed = max(up_end, server_start + o + self.fan_in * wire)
+        up.free = up_end = up_start + cost + wire
+        server_start = max(up_start, self._server_in.free)
+        self._server_in.free = pushed = max(up_end, server_start + cost + self.fan_in * wire)
         pushed += self.latency
-        egress_start = max(pushed, self._server_out)
+        if self.traits.pulls_follow_pushes:
+            self._schedule(pushed, self._request_pull, (task, cost))
+        else:
+            self._pull(task, cost, pushed)
+
+    def _request_pull(self, item) -> None:
+        task, cost = item
+        up = self._up
+        up.free = requested = max(self._now(), up.free) + cost
+        self._pull(task, cost, requested + self.latency)
+
+    def _pull(self, task, cost: float, ready: float) -> None:
+        nbytes = task.nbytes
+        egress_start = max(ready, self._server_out.free)
         egress_wire = nbytes / self.conditions.bandwidth(egress_start)
-        self._server_out = egress_end = egress_start + o + self.fan_in * egress_wire
-        down_start = max(pushed, self._down)
-        self._down = pulled = max(egress_end, down_start + o + egress_wire)
+        self._server_out.free = egress_end = egress_start + cost + self.fan_in * egress_wire
+        down = self._down
+        down_start = max(ready, down.free)
+        down.free = pulled = max(egress_end, down_start + cost + egress_wire)
         self._schedule(pulled + self.latency, self.on_finished, task)
 
     def sync_time(self, nbytes: int, bandwidth: float) -> float:
@@ -85,32 +125,29 @@ class ParameterServerNetwork:
 
     def comm_time(self, nbytes: int, bandwidth: float) -> float:
         """The bottleneck link's busy time for ``nbytes`` per worker per iteration (each direction)."""
-        return max(1.0, self.fan_in) * nbytes / bandwidth
+        duplex = 1 if self.traits.duplex else 2
+        return duplex * max(1.0, self.fan_in) * nbytes / bandwidth
 
 
-class RingAllReduceNetwork:
+class RingAllReduceNetwork(_Network):
     """One collective at a time over a ring of ``workers``: 2(n-1) steps, each moving 1/n of the
-    message over every link and paying ``overhead + latency``."""
+    message over every link and paying ``message cost + latency``."""
 
-    serializations = 1
-
-    def __init__(self, workers: int, conditions: Conditions, overhead: float, latency: float,
-                 schedule: Callable[[float, Callable, object], None], now: Callable[[], float]) -> None:
+    def __init__(self, workers: int, traits: EngineTraits, conditions: Conditions, latency: float,
+                 schedule, now) -> None:
+        super().__init__(traits, conditions, latency, schedule, now)
         self.workers = workers
-        self.conditions, self.overhead, self.latency = conditions, overhead, latency
-        self._schedule, self._now = schedule, now
         self._free = 0.0
-        self.on_finished: Callable = lambda task: None
 
-    def _duration(self, nbytes: int, bandwidth: float) -> float:
+    def _duration(self, nbytes: int, bandwidth: float, messages: int = 1) -> float:
         n = self.workers
         if n == 1:
-            return self.overhead
-        return 2 * (n - 1) * (self.overhead + self.latency) + 2 * (n - 1) / n * nbytes / bandwidth
+            return self.overhead * messages
+        return 2 * (n - 1) * (self.overhead * messages + self.latency) + 2 * (n - 1) / n * nbytes / bandwidth
 
     def send(self, task) -> None:
-        start = max(self._now(), self._free)
-        self._free = start + self._duration(task.nbytes, self.conditions.bandwidth(start))
+        start = max(self._now() + self.traits.startup_latency_s, self._free)
+        self._free = start + self._duration(task.nbytes, self.conditions.bandwidth(start), self._messages(task))
         self._schedule(self._free, self.on_finished, task)
 
     def sync_time(self, nbytes: int, bandwidth: float) -> float:

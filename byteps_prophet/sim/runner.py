@@ -4,7 +4,7 @@ Results are keyed as the CLI's JSON reports them:
 
 * ``fifo``;
 * ``bytescheduler`` (the default credit) and ``bytescheduler_best`` (the best credit of a sweep over
-  ``CREDIT_SWEEP``: a fair A/B gives ByteScheduler its best credit, ALGORITHMS.md section 2);
+  ``CREDIT_SWEEP``: a fair A/B gives ByteScheduler its best credit, docs/ALGORITHMS.md section 2);
 * ``prophet`` (default, work-conserving mode) and ``prophet_paper`` (section 3 exactly).
 """
 from __future__ import annotations

@@ -37,10 +37,10 @@ not modelled.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Callable
 
+from byteps_prophet.core.task import TensorSize
 from byteps_prophet.errors import UserError
 
 BWD_FACTOR = 2.0  # backward cost = 2 x forward cost (see module docstring)
@@ -48,7 +48,7 @@ _F32 = 4  # bytes per activation element in the traffic estimate
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class TensorSpec(TensorSize):
     """One parameter tensor: its name, shape and per-sample compute cost of what it parameterises."""
 
     name: str
@@ -58,14 +58,6 @@ class TensorSpec:
     fwd_bytes: float = 0.0  # per sample activation memory traffic of the forward computation
     bwd_bytes: float = 0.0  # per sample activation memory traffic of the backward computation
     itemsize: int = 4  # bytes per gradient element (float32 unless a recorded profile says otherwise)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.itemsize
 
 
 @dataclass(frozen=True)

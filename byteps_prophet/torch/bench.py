@@ -173,30 +173,18 @@ def comm_only(model, backend, args) -> dict:
 
 
 def tune(opt, one_step, args, backend) -> dict:
-    """Rank 0 tunes the credit with CreditTuner; every rank runs the same number of steps."""
-    from byteps_prophet.core.tuning import CreditTuner
+    """Rank 0 tunes the credit (``core.tuning.tune_credit``); every rank runs the same steps."""
+    from byteps_prophet.core.tuning import credit_bounds, tune_credit
 
-    random_probes, guided = (int(v) for v in args.tune_probes.split(","))
-    total = sum(p.numel() for g in opt.param_groups for p in g["params"])
-    lo = max(opt._bpp.settings.partition // 4, 65_536)
-    hi = max(total, 4 * lo)
-    tuner = CreditTuner((lo, hi), random_probes=random_probes, guided_probes=guided)
-    probes = []
-    while not tuner.done:
-        credit = tuner.suggest()
+    def set_credit(credit: int) -> None:
         if backend.rank == 0:
             with opt._bpp.lock:
                 opt.scheduler.set_credit(credit)
-        one_step()  # transition step, not scored
-        opt.synchronize()
-        t0 = time.monotonic()
-        for _ in range(args.tune_credit):
-            one_step()
-        opt.synchronize()
-        mean = (time.monotonic() - t0) / args.tune_credit
-        tuner.observe(credit, mean)
-        probes.append([credit, mean])
-    return {"best_credit": tuner.best, "probes": probes, "credit_bounds": [lo, hi]}
+
+    total = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    probes = tuple(int(v) for v in args.tune_probes.split(","))
+    return tune_credit(credit_bounds(opt._bpp.settings.partition, total), probes, args.tune_credit,
+                       set_credit, one_step, opt.synchronize)
 
 
 if __name__ == "__main__":

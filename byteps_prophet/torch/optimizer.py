@@ -34,7 +34,6 @@ import atexit
 import contextlib
 import os
 import threading
-import time
 import weakref
 from typing import Any, Iterable
 
@@ -42,7 +41,7 @@ import torch
 
 from byteps_prophet.backends import Backend, make_backend
 from byteps_prophet.backends.base import BackendError, Op
-from byteps_prophet.backends.link import install_link_monitor
+from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
@@ -85,13 +84,13 @@ PROPHET_PARTITION = 4_000_000  # elements: Prophet's pieces in the queue; its ow
 
 def _prophet_settings(settings: Settings, pulls_follow_pushes: bool = False) -> Settings:
     """Prophet cuts pieces to its predictions itself; ByteScheduler's 1 M-element partition only adds
-    messages, and on the real engines every message pays a start-up latency (docs/AB.md). So, unless
+    messages, and on the real engines every message pays a start-up latency (docs/history/AB-notebook.md). So, unless
     a partition is set (``BYTESCHEDULER_PARTITION`` or a non-default ``Settings.partition``), Prophet
     queues pieces of ``BYTEPS_PROPHET_PARTITION`` elements (0 keeps the ByteScheduler partition):
     by default 4 M, ByteScheduler's default credit, on all-reduce; where pulls follow pushes (BytePS)
     0, since every chunk there is at most 2 MiB anyway and a step the link keeps up with goes under
     ByteScheduler's credit, where 4 M pieces kept one piece in flight (resnet b32 1 Gbit/s: Prophet
-    0.864x of FIFO with them, docs/AB.md section 24)."""
+    0.864x of FIFO with them, docs/history/AB-notebook.md section 24)."""
     from byteps_prophet.core.settings import DEFAULT_PARTITION
 
     if (settings.scheduler != "prophet" or settings.partition != DEFAULT_PARTITION
@@ -108,16 +107,16 @@ def _prophet_settings(settings: Settings, pulls_follow_pushes: bool = False) -> 
     return settings.replace(partition=value) if value else settings
 
 
-def _prophet_atom_elements() -> int:
+def _prophet_atom_elements(settings: Settings) -> int:
     """Elements per fixed atom where the backend needs stable slices (``Backend.use_atoms``):
     ``BYTEPS_PROPHET_ATOM_ELEMENTS``, default a quarter of ByteScheduler's default partition (250 k, as
     the MXNet store's atoms, docs/MXNET.md). On a parameter server a piece's pull follows its
     push, so the step ends a few pieces' pushes and pulls after the last byte is ready: finer atoms
     shorten that tail. vgg 200 Mbit/s, Prophet/BS: 250 k 1.065x, 500 k 1.021x, 1 M 0.974x; the
-    compute-bound resnet showed no difference beyond its noise (docs/AB.md section 11)."""
-    from byteps_prophet.core.settings import DEFAULT_PARTITION, elements_from_env
+    compute-bound resnet showed no difference beyond its noise (docs/history/AB-notebook.md section 11)."""
+    from byteps_prophet.core.settings import DEFAULT_PARTITION
 
-    return elements_from_env("BYTEPS_PROPHET_ATOM_ELEMENTS", DEFAULT_PARTITION // 4)
+    return settings.atom_elements or DEFAULT_PARTITION // 4
 
 
 class _Param:
@@ -182,18 +181,16 @@ class _Engine:
             self.by_name[name] = entry
 
         self.leader = backend.rank == 0
-        settings = self.settings = _prophet_settings(settings, backend.pulls_follow_pushes)
-        # The Transport contract, read by the scheduler as it is made: set before it.
-        self.serializations = backend.serializations
-        self.pulls_follow_pushes = backend.pulls_follow_pushes
-        self.scheduler = make_scheduler(settings, self.clock, self, self._on_done) if self.leader else None
-        if settings.scheduler == "prophet":  # every rank: all must send the same atoms
-            atom = backend.use_atoms(_prophet_atom_elements())
-            if self.scheduler is not None:
-                self.scheduler.cut_elements = atom
+        settings = self.settings = _prophet_settings(settings, backend.traits.pulls_follow_pushes)
+        # The Transport contract, read by the scheduler as it is made: the backend's engine, with the
+        # atoms it sends under Prophet (every rank: all must send the same atoms).
+        atom = backend.use_atoms(_prophet_atom_elements(settings)) if settings.scheduler == "prophet" else 0
+        self.traits = backend.traits.replace(atom_elements=atom)
+        self.scheduler = None
         self._timer = None
-        if self.scheduler is not None:
-            install_link_monitor(self.scheduler, backend.serializations)
+        if self.leader:
+            self.scheduler = make_scheduler(settings, self.clock, self, self._on_done,
+                                            monitor=link_monitor(settings, self.traits.stages))
             self._timer = install_wakeup_timer(self.scheduler, self._tick, self._on_error)
         self._done: list[_Param] = []
         self.sync = Synchroniser(backend, self._on_op_finished, self._on_error)
@@ -507,7 +504,7 @@ class _Engine:
             stem, dot, ext = path.rpartition(".")
             path = f"{stem}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
         meta = {"scheduler": self.settings.scheduler, "backend": self.backend.name, "world_size": self.backend.size,
-                "serializations": self.backend.serializations,
+                "serializations": self.traits.stages,
                 "tensors": [[e.index, e.name, list(e.param.shape), e.param.numel() * e.param.element_size()]
                             for e in self.params]}
         with open(path, "w") as f:

@@ -90,7 +90,7 @@ def test_pooling_refuses_different_experiments_in_one_line(tmp_path):
 def test_pooling_refuses_outputs_run_with_other_knobs(tmp_path):
     a = _output(tmp_path / "a.json", [{"fifo": 100, "prophet": 90}])
     data = json.loads((tmp_path / "a.json").read_text())
-    data["environment"] = {"PROPHET_MXNET_ATOM_ELEMENTS": "1000000"}
+    data["environment"] = {"BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000"}
     (tmp_path / "b.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match="b.json: its environment"):
         pool([a, str(tmp_path / "b.json")])

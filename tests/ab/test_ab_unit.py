@@ -67,12 +67,12 @@ def test_summary_table_and_plot(tmp_path):
 
 
 def test_the_results_name_the_environment_every_run_inherits():
-    caller = {"MXNET_CPU_WORKER_NTHREADS": "2", "OMP_NUM_THREADS": "1", "PROPHET_MXNET_ATOM_ELEMENTS": "1000000",
+    caller = {"MXNET_CPU_WORKER_NTHREADS": "2", "OMP_NUM_THREADS": "1", "BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000",
               "BYTESCHEDULER_CREDIT": "5", "BYTEPS_SCHEDULER": "prophet", "BYTEPS_SERVER_ENGINE_THREAD": "4",
               "HOME": "/root"}
     # BYTEPS_SCHEDULER is each variant's own; other BYTEPS_ variables never reach the roles (scrubbed)
     expected = {"BYTESCHEDULER_CREDIT": "5", "MXNET_CPU_WORKER_NTHREADS": "2", "OMP_NUM_THREADS": "1",
-                "PROPHET_MXNET_ATOM_ELEMENTS": "1000000"}
+                "BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000"}
     assert run_environment(caller) == expected
     runner = _summary_runner(ABConfig(rounds=1), [{"fifo": 10.0}])
     runner.environment = expected
@@ -81,6 +81,17 @@ def test_the_results_name_the_environment_every_run_inherits():
     assert "environment: BYTESCHEDULER_CREDIT=5 MXNET_CPU_WORKER_NTHREADS=2 OMP_NUM_THREADS=1" in format_table(summary)
     runner.environment = {}
     assert "environment" not in format_table(runner.summary())
+
+
+def test_without_namespaces_an_ab_run_stops_naming_no_netns(monkeypatch, capsys):
+    """No silent loopback: an unshaped run would be reported as one at --bandwidth."""
+    from byteps_prophet import cli
+    from byteps_prophet.cluster import netns
+
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: "network namespaces need root (test)")
+    assert cli.main(["ab", "--model", "mlp", "--steps", "1", "--rounds", "1", "--no-tune"]) == 2
+    err = capsys.readouterr().err
+    assert "byteps-prophet ab: error: cannot build a namespace cluster" in err and "--no-netns" in err
 
 
 def test_cli_variants_error_is_one_line_exit_2():

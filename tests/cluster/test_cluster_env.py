@@ -160,19 +160,36 @@ def test_cli_dry_run_shows_roles_and_environment(capsys):
     assert "DMLC_NUM_WORKER=3" in out and "ENGINE=mxnet" in out
 
 
-def test_fallback_to_loopback_with_a_warning(monkeypatch):
+@pytest.mark.parametrize("netns_wanted", [None, True])
+def test_no_namespaces_is_a_one_line_error_not_a_silent_loopback(monkeypatch, netns_wanted):
+    """Unshaped loopback links would pass for shaped ones: without namespaces the cluster refuses,
+    naming the reason and --no-netns, and leaves nothing behind."""
     monkeypatch.setattr(netns, "unavailable_reason", lambda: "network namespaces need root (test)")
-    warnings = []
-    cluster = Cluster(ClusterSpec(engine="mxnet"), environ={}, warn=warnings.append)
-    with cluster:
+    cluster = Cluster(ClusterSpec(engine="mxnet", netns=netns_wanted), environ={})
+    with pytest.raises(UserError) as err:
+        cluster.start()
+    message = str(err.value)
+    assert "network namespaces need root (test)" in message and "--no-netns" in message
+    assert "\n" not in message
+    assert cluster.use_netns is None and not cluster._namespaces  # nothing built, nothing to tear down
+
+
+def test_no_namespaces_cli_run_exits_2_naming_no_netns(monkeypatch, capsys):
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: "network namespaces need root (test)")
+    assert cli.main(["cluster", "run", "--engine", "mxnet", "--workers", "1", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("byteps-prophet cluster: error: cannot build a namespace")
+    assert "--no-netns" in err
+
+
+def test_no_netns_chooses_plain_loopback(monkeypatch):
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: "network namespaces need root (test)")
+    with Cluster(ClusterSpec(engine="mxnet", netns=False), environ={}) as cluster:
         assert cluster.use_netns is False
         assert all(h.address == "127.0.0.1" for h in cluster.hosts)
         assert cluster.environment(cluster.hosts[0])["DMLC_INTERFACE"] == "lo"
         with pytest.raises(UserError, match="plain loopback"):
             cluster.set_bandwidth("1gbit")
-    assert len(warnings) == 1 and "falling back to plain loopback" in warnings[0]
-    with pytest.raises(UserError, match="use --no-netns"):
-        Cluster(ClusterSpec(engine="mxnet", netns=True), environ={}).start()
 
 
 def test_workers_only_cluster_gets_torch_distributed_environment():

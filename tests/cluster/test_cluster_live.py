@@ -201,10 +201,10 @@ def _exact_sum(engine: str, leftovers: Leftovers, netns_mode: bool = True, env=N
     return elapsed
 
 
-def test_mxnet_cluster_push_pull_gives_the_exact_sum_and_is_up_and_down_in_15s(leftovers):
+def test_mxnet_cluster_push_pull_gives_the_exact_sum_and_is_up_and_down_within_30s(leftovers):
     elapsed = _exact_sum("mxnet", leftovers)
     print(f"4-process mxnet cluster up, run and torn down in {elapsed:.2f}s")
-    assert elapsed < 90  # a hang guard: the 15 s target is measured, not asserted (timings are noisy on 2 cores)
+    assert elapsed < 30  # the project's bound for a run's end; typically a few seconds
 
 
 def test_mxnet_cluster_on_plain_loopback(leftovers):
@@ -348,3 +348,82 @@ def test_sigterm_to_an_ab_run_tears_its_cluster_down(leftovers):
     assert proc.returncode == 143, err[-2000:]
     assert "byteps-prophet ab: terminated" in err
     print(f"A/B terminated and its cluster torn down in {time.monotonic() - started:.2f}s")
+
+
+# ------------------------------------------------------------- BytePS training: a role that dies
+BPS_TRAINING = r"""
+import os, signal, sys, time
+import torch
+import byteps.torch as bps
+bps.init()
+rank = bps.rank()
+die_at = int(os.environ.get("DIE_AT", "-1"))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10))
+opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters())
+bps.broadcast_parameters(model.state_dict(), root_rank=0)
+for step in range(100000):
+    if rank == 1 and step == die_at:
+        print("dying now", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(torch.randn(16, 64)), torch.randn(16, 10)).backward()
+    opt.step()
+    print(f"step {step}", flush=True)
+"""
+
+
+def _byteps_training_with_a_death(tmp_path, kill_server: bool):
+    """Two workers train under Prophet on BytePS (patch 90's switch), one server; worker 1 SIGKILLs
+    itself at step 5, or the server's processes are SIGKILLed once both workers are past step 5.
+    Returns (result, seconds from the death to the end of the run)."""
+    script = tmp_path / "train_bps.py"
+    script.write_text(BPS_TRAINING)
+    seen: dict[str, float] = {}
+
+    def output(name: str, line: str) -> None:
+        if line.startswith("dying now"):
+            seen["death"] = time.monotonic()
+        elif line.startswith("step 5"):
+            seen[name] = time.monotonic()
+
+    env = {"BYTEPS_SCHEDULER": "prophet", "DIE_AT": "-1" if kill_server else "5"}
+    with Cluster(ClusterSpec(workers=2, servers=1, engine="byteps", bandwidth="1gbit", grace=2.0),
+                 output=output) as cluster:
+        job = cluster.launch([sys.executable, str(script)], env=env, timeout=240)
+        if kill_server:
+            deadline = time.monotonic() + 180
+            while not {"worker-0", "worker-1"} <= seen.keys() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert {"worker-0", "worker-1"} <= seen.keys(), f"the workers never reached step 5: {seen}"
+            seen["death"] = time.monotonic()
+            for pid in netns.netns_pids(cluster.host("server-0").netns):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # a child that ended with its parent, killed just before
+                    pass
+        result = job.wait()
+        ended = time.monotonic()
+    assert "death" in seen, f"nothing died: {result.reason}"
+    return result, ended - seen["death"]
+
+
+@pytest.mark.skipif(not _byteps_importable(), reason="byteps is not importable (scripts/build_byteps.sh)")
+@pytest.mark.timeout(400)
+def test_a_dead_worker_ends_a_byteps_training_run_within_30s_naming_it(leftovers, tmp_path):
+    result, after = _byteps_training_with_a_death(tmp_path, kill_server=False)
+    assert result.failed == "worker-1" and result.returncode == 137, result.reason
+    assert "worker-1 was killed by SIGKILL" in result.reason
+    assert after < 30, f"the run ended {after:.1f} s after worker-1 died"
+    print(f"BytePS run ended {after:.2f} s after worker-1 died")
+
+
+@pytest.mark.skipif(not _byteps_importable(), reason="byteps is not importable (scripts/build_byteps.sh)")
+@pytest.mark.timeout(400)
+def test_a_dead_server_ends_a_byteps_training_run_within_30s_naming_it(leftovers, tmp_path):
+    result, after = _byteps_training_with_a_death(tmp_path, kill_server=True)
+    assert result.failed == "server-0" and result.returncode != 0, result.reason
+    assert "server-0" in result.reason
+    assert after < 30, f"the run ended {after:.1f} s after the server died"
+    print(f"BytePS run ended {after:.2f} s after the server died")

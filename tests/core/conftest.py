@@ -1,13 +1,13 @@
 import pytest
 
-from byteps_prophet.core import ManualClock, Settings, Task, make_scheduler
+from byteps_prophet.core import EngineTraits, ManualClock, Settings, Task, make_scheduler
 
 
 class RecordingTransport:
     """An in-memory backend: remembers what was started; the test decides when it finishes."""
 
-    def __init__(self, serializations: int = 2) -> None:
-        self.serializations = serializations
+    def __init__(self, stages: int = 2) -> None:
+        self.traits = EngineTraits(stages=stages)
         self.sent: list[Task] = []
         self.in_flight: list[Task] = []
 

@@ -1,3 +1,5 @@
+import math
+
 from byteps_prophet.core import State
 
 
@@ -67,3 +69,27 @@ def test_a_time_asked_for_again_after_a_tick_reaches_the_timer(harness):
     scheduler.tick()  # at 1.0
     scheduler._wake_at(2.0)
     assert asked == [1.0, 2.0, 2.0]
+
+
+def test_tune_credit_scores_each_probe_by_its_steps_after_a_transition_step():
+    """The benchmarks' one tuning loop: a probe's first step (the credit changing) is not scored, the
+    next ``probe_steps`` are, and the credit whose steps were fastest is kept."""
+    from byteps_prophet.core import ManualClock
+    from byteps_prophet.core.tuning import credit_bounds, tune_credit
+
+    clock, state, steps = ManualClock(), {"credit": None, "fresh": False}, []
+
+    def set_credit(credit):
+        state.update(credit=credit, fresh=True)
+
+    def step():  # fastest at 2 M elements; the transition step costs 10 s, unscored
+        steps.append(state["credit"])
+        clock.advance(10.0 if state["fresh"] else 1.0 + abs(math.log2(state["credit"] / 2e6)))
+        state["fresh"] = False
+
+    result = tune_credit(credit_bounds(1_000_000, 64_000_000), (6, 3), 2, set_credit, step, lambda: None, clock)
+    assert result["credit_bounds"] == [250_000, 64_000_000] and len(result["probes"]) == 9
+    assert len(steps) == 9 * 3
+    assert all(mean < 10 for _, mean in result["probes"])  # the transition step never scored
+    best = min(result["probes"], key=lambda p: p[1])
+    assert result["best_credit"] == best[0] and abs(math.log2(best[0] / 2e6)) < 1

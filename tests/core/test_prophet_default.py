@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from byteps_prophet.core import ByteScheduler, ManualClock, Prophet, Settings, Task
+from byteps_prophet.core import ByteScheduler, EngineTraits, ManualClock, Prophet, Settings, Task
 from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.core.prophet import TRAILING_CHUNK_BYTES
 from byteps_prophet.sim.engine import ClusterSpec, Layer, Simulation
@@ -30,12 +30,29 @@ class Loop:
             fn(*args)
 
 
-class FifoLink:
-    """In-memory transport: ``serializations`` FIFO stages, each cost + bytes/bandwidth per piece."""
+class HeldProphet(Prophet):
+    """Prophet that holds every profiled step, as one the link does not keep up with: isolates the
+    hold's rules from the decision of docs/DESIGN.md, "Link keeps up"."""
 
-    def __init__(self, loop: Loop, serializations: int = 1) -> None:
-        self.loop, self.serializations = loop, serializations
-        self.free = [0.0] * serializations
+    def _link_keeps_up(self) -> bool:
+        return False
+
+
+class UnwindowedProphet(HeldProphet):
+    """``HeldProphet`` without the flight window, to show what the window changes."""
+
+    def _window_full(self) -> bool:
+        return False
+
+
+class FifoLink:
+    """In-memory transport: ``stages`` FIFO stages, each cost + bytes/bandwidth per piece; sends whole
+    atoms of ``atom_elements`` where given (the scheduler cuts on them)."""
+
+    def __init__(self, loop: Loop, stages: int = 1, atom_elements: int = 0) -> None:
+        self.loop = loop
+        self.traits = EngineTraits(stages=stages, atom_elements=atom_elements)
+        self.free = [0.0] * stages
         self.scheduler = None
         self.sent: list[tuple[float, Task]] = []
 
@@ -47,8 +64,8 @@ class FifoLink:
         self.loop.at(done, self.scheduler.finished, task)
 
 
-def make(loop, scheduler_cls=Prophet, serializations=1, **settings):
-    link = FifoLink(loop, serializations)
+def make(loop, scheduler_cls=Prophet, stages=1, atom_elements=0, **settings):
+    link = FifoLink(loop, stages, atom_elements)
     scheduler = scheduler_cls(Settings(scheduler=scheduler_cls.name, **settings), loop.clock, link)
     link.scheduler = scheduler
     return scheduler, link
@@ -111,8 +128,7 @@ def test_cuts_end_on_the_atom_grid_when_asked():
     """With ``cut_elements`` (the BytePS backend's fixed atoms) every cut ends on a multiple of that many
     elements' rows, counted from row 0, and every row still goes exactly once."""
     loop = Loop()
-    scheduler, link = make(loop, partition=10**9)
-    scheduler.cut_elements = 300 * 1000  # 300 rows of 1000 elements
+    scheduler, link = make(loop, partition=10**9, atom_elements=300 * 1000)  # 300 rows of 1000 elements
     arrivals = [(2, 0.0, (5000, 1000)), (1, 0.010, (10, 1000)), (0, 0.050, (10, 1000))]
     run_iterations(scheduler, loop, arrivals, iterations=6, period=0.2)
     last = [task for _, task in link.sent if task.iteration == 5]
@@ -128,13 +144,12 @@ def test_queued_pieces_are_runs_of_whole_atoms():
     wrong bytes (a 2048-row gradient partitioned at 1024 rows with 488-row atoms sent a 48-row
     "piece" that was really 488 rows)."""
     loop = Loop()
-    scheduler, link = make(loop, partition=4 * 2048 * 488)
-    scheduler.cut_elements = 488 * 2048
+    scheduler, link = make(loop, partition=4 * 2048 * 488, atom_elements=488 * 2048)
     task = Task("g0", 0, (2048, 2048))
     pieces = scheduler._queued_pieces(task)
     assert [(p.row_start, p.row_end) for p in pieces] == [(0, 1952), (1952, 2048)]
-    scheduler.cut_elements = 0  # without atoms: ByteScheduler's partition, evenly spread
-    assert [(p.row_start, p.row_end) for p in scheduler._queued_pieces(task)] == [(0, 1024), (1024, 2048)]
+    plain, _ = make(Loop(), partition=4 * 2048 * 488)  # without atoms: ByteScheduler's partition, evenly spread
+    assert [(p.row_start, p.row_end) for p in plain._queued_pieces(task)] == [(0, 1024), (1024, 2048)]
 
 
 def test_does_not_cut_for_an_arrival_when_later_arrivals_keep_the_link_busy_to_the_end():
@@ -162,7 +177,7 @@ def test_never_idles_the_link_while_bytes_are_pending(arch, bandwidth):
     sim = Simulation(stepwise_layers(), ClusterSpec(workers=4, arch=arch, bandwidth=bandwidth),
                      Settings(scheduler="prophet"), iterations=12, warmup=4)
     scheduler, network, loop = sim.scheduler, sim.network, sim.loop
-    first_stage = (lambda: network._up) if arch == "ps" else (lambda: network._free)
+    first_stage = (lambda: network._up.free) if arch == "ps" else (lambda: network._free)
     idle_with_pending = []
     loop.at(0.0, sim._forward, 0)
     heap = loop._heap
@@ -182,7 +197,7 @@ class LatencyLink:
     """One FIFO stage whose ops reach it ``latency`` after they are sent (an engine's start-up, which
     ops already in flight overlap, as gloo's and BytePS's do)."""
 
-    serializations = 1
+    traits = EngineTraits(stages=1)
 
     def __init__(self, loop: Loop, latency: float) -> None:
         self.loop, self.latency, self.free = loop, latency, 0.0
@@ -211,7 +226,7 @@ def run_on_latency_link(told, latency=0.005, signal_end=False, stages=1):
     ``signal_end`` the scheduler is not told that backward ended: only the hold decides."""
     loop = Loop()
     link = LatencyLink(loop, latency)
-    link.serializations = stages
+    link.traits = EngineTraits(stages=stages)
     scheduler = Prophet(Settings(scheduler="prophet", partition=10**9), loop.clock, link)
     link.scheduler = scheduler
     scheduler.bandwidth.latency = told
@@ -274,8 +289,7 @@ class PullRequestLink:
     its push is done is its pull requested, over the same uplink, so the request is served after every
     byte pushed before then; the pull then comes back over the downlink (FIFO)."""
 
-    serializations = 2
-    pulls_follow_pushes = True
+    traits = EngineTraits(stages=2, pulls_follow_pushes=True)
     rate = BANDWIDTH  # bytes/s each way
 
     def __init__(self, loop: Loop) -> None:
@@ -305,7 +319,7 @@ def test_pull_requests_behind_pushes_keep_the_hold_after_backward(told, monkeypa
     pushes. Told so, Prophet keeps holding after the end of backward: gradient 0 (arriving last) is
     synchronised far sooner and the iteration ends no later."""
     if not told:
-        monkeypatch.setattr(PullRequestLink, "pulls_follow_pushes", False)
+        monkeypatch.setattr(PullRequestLink, "traits", EngineTraits(stages=2))
     loop = Loop()
     link = PullRequestLink(loop)
     scheduler = Prophet(Settings(scheduler="prophet", partition=10**9), loop.clock, link)
@@ -390,13 +404,10 @@ def run_with_a_late_peer(ticks=True, latency=None, **settings):
     link = LatePeerLink(loop, delay=0.050)
     # a credit that never binds (it would hold pieces here as it holds ByteScheduler's,
     # test_where_pulls_follow_pushes_the_credit_bounds_...)
-    scheduler = Prophet(Settings(scheduler="prophet", credit=10**9, **settings), loop.clock, link)
-    scheduler.bandwidth = ToldLink(serializations=2)
-    scheduler.credit_when_link_keeps_up = False  # the hold, as in a step the link does not keep up with
-    if latency is None:
-        scheduler.flight_window = False
-    else:
-        scheduler.bandwidth.latency = latency
+    cls = UnwindowedProphet if latency is None else HeldProphet
+    scheduler = cls(Settings(scheduler="prophet", credit=10**9, **settings), loop.clock, link,
+                    monitor=ToldLink(serializations=2))
+    scheduler.bandwidth.latency = latency or 0.0
     link.scheduler = scheduler
     done = {}
     scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
@@ -417,24 +428,20 @@ def run_with_a_late_peer(ticks=True, latency=None, **settings):
     return waits, tail
 
 
-@pytest.mark.parametrize("spares", [True, False])
-def test_a_late_peer_does_not_hold_this_workers_pushes(spares, monkeypatch):
+def test_a_late_peer_does_not_hold_this_workers_pushes():
     """On a parameter server a piece completes only when every worker has pushed it, so with a peer
     50 ms behind every completion comes late and the link model's lag grows. That says nothing of this
     worker's own uplink: Prophet still pushes each gradient as it arrives, and the iteration ends one
     piece's push and pull after the peer's last push (measured on torch/BytePS, resnet compute-bound:
-    with the lag on the first stage, pieces waited until the peer caught up, docs/AB.md section 12)."""
-    monkeypatch.setattr(Prophet, "peer_lag_spares_pushes", spares)
+    with the lag on the first stage, pieces waited until the peer caught up, docs/history/AB-notebook.md section 12)."""
     waits, tail = run_with_a_late_peer()
-    if spares:  # pushed on arrival, or (a gradient's second 2 MiB piece) as the first one's push ends
-        assert max(waits) < COST + TRAILING_CHUNK_BYTES / BANDWIDTH + 1e-6
-        # the flight window too: every op waits for the peer, which the plugins' LinkMonitor reads as
-        # a 50 ms start-up latency, and the window then covers what the link carries in it
-        windowed, _ = run_with_a_late_peer(latency=0.050)
-        assert max(windowed) < COST + TRAILING_CHUNK_BYTES / BANDWIDTH + 1e-6
-        assert tail < 2 * (COST + 4e6 / BANDWIDTH) - 0.002  # the last piece's push and pull, about 5 ms
-    else:  # the lagged model held pieces for completions, and the last ones ended later
-        assert max(waits) > 0.050 and tail > 0.015
+    # pushed on arrival, or (a gradient's second 2 MiB piece) as the first one's push ends
+    assert max(waits) < COST + TRAILING_CHUNK_BYTES / BANDWIDTH + 1e-6
+    # the flight window too: every op waits for the peer, which the plugins' LinkMonitor reads as
+    # a 50 ms start-up latency, and the window then covers what the link carries in it
+    windowed, _ = run_with_a_late_peer(latency=0.050)
+    assert max(windowed) < COST + TRAILING_CHUNK_BYTES / BANDWIDTH + 1e-6
+    assert tail < 2 * (COST + 4e6 / BANDWIDTH) - 0.002  # the last piece's push and pull, about 5 ms
 
 
 def test_a_late_completion_does_not_idle_the_uplink():
@@ -443,7 +450,7 @@ def test_a_late_completion_does_not_idle_the_uplink():
     uplink frees, the second piece is pushed then; without a timer it waited 40-60 ms for that
     completion on an idle uplink. (Here the peer's lateness hides the wait; on torch/BytePS, resnet
     compute-bound, the held pieces went in a burst after the end of backward: Prophet 0.72x of FIFO
-    without the timer, 1.03x-1.05x with it, docs/AB.md section 15.)"""
+    without the timer, 1.03x-1.05x with it, docs/history/AB-notebook.md section 15.)"""
     cap = dict(max_chunk_bytes=2_000_000)
     waits, tail = run_with_a_late_peer(**cap)
     held, held_tail = run_with_a_late_peer(ticks=False, **cap)
@@ -469,15 +476,13 @@ class CountingPullRequestLink(PullRequestLink):
         self.scheduler.finished(task)
 
 
-def run_burst(link, arrivals, latency=0.0, hold=False, **settings):
-    """Six iterations of ``arrivals`` on ``link`` (a ``PullRequestLink``), Prophet told the link's true
-    rate and cost and a start-up latency of ``latency``; with ``hold``, held even where the link keeps
-    up. Returns the last iteration's finish times."""
+def run_burst(link, arrivals, latency=0.0, cls=Prophet, **settings):
+    """Six iterations of ``arrivals`` on ``link`` (a ``PullRequestLink``), Prophet (or ``cls``) told the
+    link's true rate and cost and a start-up latency of ``latency``. Returns the last iteration's
+    finish times."""
     loop = link.loop
-    scheduler = Prophet(Settings(scheduler="prophet", **settings), loop.clock, link)
-    scheduler.bandwidth = ToldLink(serializations=2)
+    scheduler = cls(Settings(scheduler="prophet", **settings), loop.clock, link, monitor=ToldLink(serializations=2))
     scheduler.bandwidth.latency = latency
-    scheduler.credit_when_link_keeps_up = not hold
     link.scheduler = scheduler
     done = {}
     scheduler.on_done = lambda task: done.__setitem__((task.iteration, task.index), loop.clock.now())
@@ -498,61 +503,61 @@ def run_burst_with_a_large_latency(credit):
     return run_burst(link, arrivals, latency=0.150, credit=credit, partition=250_000), link
 
 
-def test_where_pulls_follow_pushes_the_credit_bounds_what_is_in_flight(monkeypatch):
+def test_where_pulls_follow_pushes_the_credit_bounds_what_is_in_flight():
     """BytePS's completions read as a start-up latency of 140-160 ms (torch BytePS vgg 1 Gbit/s,
-    docs/AB.md section 13), which lets the hold send everything pending once backward ends; every
+    docs/history/AB-notebook.md section 13), which lets the hold send everything pending once backward ends; every
     pull is then requested behind all of those pushes. There ByteScheduler's credit bounds what
     Prophet has in flight too: at most the credit and one piece, and the iteration ends sooner."""
     credit = 2_000_000  # elements: 8 MB
     finishes, link = run_burst_with_a_large_latency(credit)
-    monkeypatch.setattr(Prophet, "credit_bounds_flight", False)
-    flooded, unbounded = run_burst_with_a_large_latency(credit)
+    flooded, unbounded = run_burst_with_a_large_latency(10**9)  # a credit that never binds
     piece = max(task.numel for _, task in link.sent)
     assert link.max_in_flight[5] <= credit + piece
-    assert unbounded.max_in_flight[5] > 3 * credit  # the rule before: the whole burst in flight
+    assert unbounded.max_in_flight[5] > 3 * credit  # unbounded: the whole burst in flight
     assert max(finishes.values()) < max(flooded.values()) - 0.015  # 47 ms against 71
     assert finishes[0] <= flooded[0]
 
 
-def run_backlogged_burst():
+UNCAPPED = dict(max_chunk_bytes=10**12)  # a chunk cap that never binds, to show what the cap changes
+
+
+def run_backlogged_burst(**settings):
     """vgg-like burst on a ``PullRequestLink``, backlogged past the end of backward (37 MB, 37 ms of
     pushes, arriving over 10 ms), gradients queued whole. Returns the last iteration's finish times
     and the link."""
     link = PullRequestLink(Loop())
     arrivals = [(3, 0.0, (4000, 1000)), (2, 0.002, (4000, 1000)), (1, 0.006, (1200, 1000)),
                 (0, 0.010, (2, 1000))]
-    return run_burst(link, arrivals, credit=10**9, partition=10**9), link
+    return run_burst(link, arrivals, credit=10**9, partition=10**9, **settings), link
 
 
-def run_spaced_burst():
+def run_spaced_burst(**settings):
     """Two 16 MB layers 20 ms apart on a ``PullRequestLink``, gradient 0 at 40 ms, held although the
     link keeps up: each layer is cut to end before the next arrival (whole, without a bound). Returns
     the last iteration's finish times and the link."""
     link = PullRequestLink(Loop())
     arrivals = [(2, 0.0, (4000, 1000)), (1, 0.020, (4000, 1000)), (0, 0.040, (2, 1000))]
-    return run_burst(link, arrivals, hold=True, credit=10**9, partition=10**9), link
+    return run_burst(link, arrivals, cls=HeldProphet, credit=10**9, partition=10**9, **settings), link
 
 
-def test_where_pulls_follow_pushes_a_chunk_before_an_arrival_is_sized_for_its_pulls(monkeypatch):
+def test_where_pulls_follow_pushes_a_chunk_before_an_arrival_is_sized_for_its_pulls():
     """The same bound where the link keeps up with backward: a 16 MB layer sent whole is pulled only
     after its 16 ms of pushes, and those pulls then delay the next layer's and gradient 0's."""
     finishes, link = run_spaced_burst()
-    monkeypatch.setattr(Prophet, "chunks_trail_pulls", False)
-    before, whole_link = run_spaced_burst()
+    before, whole_link = run_spaced_burst(**UNCAPPED)
     assert max(task.nbytes for _, task in link.sent if task.iteration == 5) < 1.25 * TRAILING_CHUNK_BYTES
     assert max(task.nbytes for _, task in whole_link.sent if task.iteration == 5) == 16e6
     assert finishes[2] < before[2] - 0.005  # the first layer pulled as it is pushed: 25 ms against 32
     assert finishes[0] < before[0] - 0.008  # gradient 0: 41 ms against 52
 
 
-def test_where_pulls_follow_pushes_a_backlog_chunk_is_sized_for_its_pulls(monkeypatch):
+def test_where_pulls_follow_pushes_a_backlog_chunk_is_sized_for_its_pulls():
     """Where a pull is requested only once its push is done, a chunk's pulls start after its last
     byte is pushed, before the last arrival as after it. Cut to end at the predicted end of backward
     while the link is backlogged, chunks were 10 MB and push and pull took turns; at most 2 MiB, they
     overlap, and the iteration and gradient 0 end sooner."""
     finishes, link = run_backlogged_burst()
-    monkeypatch.setattr(Prophet, "chunks_trail_pulls", False)
-    before, long_link = run_backlogged_burst()
+    before, long_link = run_backlogged_burst(**UNCAPPED)
     largest = max(task.nbytes for _, task in link.sent if task.iteration == 5)
     largest_before = max(task.nbytes for _, task in long_link.sent if task.iteration == 5)
     assert largest < 1.25 * TRAILING_CHUNK_BYTES and largest_before > 8e6  # 2.1 MB against 9.9 MB
@@ -567,25 +572,24 @@ class SharedServerLink(CountingPullRequestLink):
     rate = BANDWIDTH / 2
 
 
-def run_burst_on_a_shared_server():
+def run_burst_on_a_shared_server(cls=Prophet):
     """transformer-like burst on a ``SharedServerLink``, backlogged past the end of backward: two
     16 MB layers, a 4 MB one, and gradient 0, an 8 MB embedding, last at 10 ms. Default credit
     (16 MB) and partition. Returns the last iteration's finish times and the link."""
     link = SharedServerLink(Loop())
     arrivals = [(3, 0.0, (4000, 1000)), (2, 0.004, (4000, 1000)), (1, 0.008, (1000, 1000)),
                 (0, 0.010, (2000, 1000))]
-    return run_burst(link, arrivals), link
+    return run_burst(link, arrivals, cls=cls), link
 
 
-def test_where_pulls_follow_pushes_the_flight_window_keeps_gradient_0_near_the_link(monkeypatch):
+def test_where_pulls_follow_pushes_the_flight_window_keeps_gradient_0_near_the_link():
     """The hold trusts the link model's first stage, which late completions do not move, so where the
     link is slower than measured it sends as far ahead as the credit allows, and gradient 0 waits
     behind all of it (torch BytePS, transformer 200 Mbit/s: 11 MB in flight before the end of
-    backward, gradient 0 done 1.7-2.9 s after it; docs/AB.md section 20). The flight window keeps
+    backward, gradient 0 done 1.7-2.9 s after it; docs/history/AB-notebook.md section 20). The flight window keeps
     one chunk per stage in flight: gradient 0 and the iteration are done sooner."""
     finishes, link = run_burst_on_a_shared_server()
-    monkeypatch.setattr(Prophet, "flight_window", False)
-    before, credit_link = run_burst_on_a_shared_server()
+    before, credit_link = run_burst_on_a_shared_server(UnwindowedProphet)
     piece = max(task.numel for _, task in link.sent)
     window_elements = 3 * TRAILING_CHUNK_BYTES / 4
     assert link.max_in_flight[5] <= window_elements + piece
@@ -603,8 +607,7 @@ def run_told(cls, link, arrivals, iterations=6, first=0, scheduler=None, told=No
     iteration's sends as (time after the iteration began, key)."""
     loop = link.loop
     if scheduler is None:
-        scheduler = cls(Settings(scheduler=cls.name), loop.clock, link)
-        scheduler.bandwidth = ToldLink(serializations=2)
+        scheduler = cls(Settings(scheduler=cls.name), loop.clock, link, monitor=ToldLink(serializations=2))
         link.scheduler = scheduler
     scheduler.bandwidth.bytes_per_s = told or link.rate
     run_iterations(scheduler, loop, arrivals, iterations=iterations, period=0.2, first=first)
@@ -615,14 +618,13 @@ def run_told(cls, link, arrivals, iterations=6, first=0, scheduler=None, told=No
 
 
 @pytest.mark.parametrize("keeps_up", [True, False])
-def test_where_pulls_follow_pushes_a_step_the_link_keeps_up_with_goes_under_the_credit(keeps_up, monkeypatch):
+def test_where_pulls_follow_pushes_a_step_the_link_keeps_up_with_goes_under_the_credit(keeps_up):
     """Where the link carries each layer before the next arrives, nothing queues for a prediction to
     reorder, and on the engines where pulls follow pushes the hold cost CPU (BytePS-MXNet resnet b128
-    1 Gbit/s: the leader's CPU per step 1.78-1.95 s held against ByteScheduler's 1.57-1.71; docs/AB.md
-    section 24). Such a step is sent exactly as ByteScheduler sends it; the rule before held it."""
-    monkeypatch.setattr(Prophet, "credit_when_link_keeps_up", keeps_up)
+    1 Gbit/s: the leader's CPU per step 1.78-1.95 s held against ByteScheduler's 1.57-1.71; docs/history/AB-notebook.md
+    section 24). Such a step is sent exactly as ByteScheduler sends it; held, it is not."""
     _, stock = run_told(ByteScheduler, PullRequestLink(Loop()), SPACED_LAYERS)
-    prophet, sends = run_told(Prophet, PullRequestLink(Loop()), SPACED_LAYERS)
+    prophet, sends = run_told(Prophet if keeps_up else HeldProphet, PullRequestLink(Loop()), SPACED_LAYERS)
     assert prophet.profiler.profile is not None
     assert (sends[5] == stock[5]) == keeps_up
     assert (prophet._plan is None) == keeps_up
@@ -659,7 +661,7 @@ def test_where_pulls_follow_pushes_one_low_rate_reading_does_not_hold_a_step():
 
 def test_a_link_that_keeps_up_is_not_decided_where_pulls_do_not_follow_pushes():
     """On all-reduce (gloo, NCCL) and in the simulator the rule does not apply: the step is held."""
-    link = FifoLink(Loop(), serializations=1)
+    link = FifoLink(Loop(), stages=1)
     link.rate = BANDWIDTH
     prophet, _ = run_told(Prophet, link, SPACED_LAYERS)
     assert prophet.profiler.profile is not None and prophet._plan is not None
@@ -670,8 +672,7 @@ def test_where_pulls_follow_pushes_the_first_profiled_iteration_is_already_decid
     already decided (the torch A/B times iterations 3-7: waiting for two profiled readings held two)."""
     loop = Loop()
     link = PullRequestLink(loop)
-    prophet = Prophet(Settings(scheduler="prophet"), loop.clock, link)
-    prophet.bandwidth = ToldLink(serializations=2)
+    prophet = Prophet(Settings(scheduler="prophet"), loop.clock, link, monitor=ToldLink(serializations=2))
     link.scheduler = prophet
     under_credit = {}
     begin = prophet._begin_iteration

@@ -1,4 +1,4 @@
-"""Prophet's paper rule (ALGORITHMS.md section 3), driven by hand with a fake clock."""
+"""Prophet's paper rule (docs/ALGORITHMS.md section 3), driven by hand with a fake clock."""
 import pytest
 
 from byteps_prophet.core.profiler import ReadyProfiler, find_blocks

@@ -3,8 +3,22 @@ a failed run's report."""
 import numpy as np
 
 
-def assert_every_worker_equals(expected: dict, per_worker: list[dict], atol: float = 1e-6) -> None:
-    assert any(np.abs(v).sum() > 0 for v in expected.values())  # training moved something
+MOVED = 1e-4  # one SGD step of these tests moves every parameter by 1.3e-3 or more; weight decay alone by < 1e-6
+
+
+def assert_every_parameter_trained(trained: dict, initial: dict, what: str = "") -> None:
+    """Every parameter moved from its initial value by more than weight decay alone would move it
+    (a non-zero value is no evidence of training: Xavier gives one before any step; nor is a change
+    of 1e-5, which zero gradients give under weight decay)."""
+    assert trained.keys() == initial.keys(), what
+    moved = {k: float(np.abs(trained[k] - initial[k]).max()) for k in trained}
+    still = {k: v for k, v in moved.items() if v <= MOVED}
+    assert not still, f"{what}: not trained (largest change per parameter): {still}"
+
+
+def assert_every_worker_equals(expected: dict, per_worker: list[dict], initial: dict, atol: float = 1e-6) -> None:
+    """Every worker ends with ``expected``, and ``expected`` is trained (differs from ``initial``)."""
+    assert_every_parameter_trained(expected, initial, "expected")
     for rank, values in enumerate(per_worker):
         assert expected.keys() == values.keys()
         for key in expected:

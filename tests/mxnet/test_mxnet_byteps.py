@@ -46,6 +46,7 @@ def results(tmp_path_factory):
             runs[scheduler] = result
             if result.ok and path.exists():
                 values[scheduler] = [dict(np.load(path)), dict(np.load(out / f"{scheduler}.rank1.npz"))]
+                values[f"{scheduler}.init"] = dict(np.load(out / f"{scheduler}.init.npz"))
     return values, runs
 
 
@@ -56,7 +57,7 @@ def _check(results, scheduler):
         assert result.ok, f"{name}: {run_report(result)}"
     # Every worker of the run ends with FIFO's worker-0 parameters. Comparing the workers also
     # catches a broadcast that lands late (it once copied the first round's sum into a parameter).
-    assert_every_worker_equals(values["fifo"][0], values[scheduler])
+    assert_every_worker_equals(values["fifo"][0], values[scheduler], values[f"{scheduler}.init"])
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from byteps_prophet.mxnet.engine import EngineGate, copy_raw  # noqa: E402
 from byteps_prophet.mxnet import kvstore as skv  # noqa: E402
 from byteps_prophet.mxnet.kvstore import atom_elements, atom_ranges  # noqa: E402
 from byteps_prophet.mxnet.launch import run_local  # noqa: E402
-from params_check import run_report  # noqa: E402
+from params_check import assert_every_parameter_trained, run_report  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("worker_train.py"))
 PULL_THEN_PUSH = str(Path(__file__).with_name("worker_pull_then_push.py"))
@@ -74,17 +74,20 @@ def test_width_scales_the_models_that_have_one():
 
 def test_atom_env_validated():
     s = Settings()
-    assert atom_elements(s, {}) == s.partition // 4
-    assert atom_elements(s, {}, per_partition=1) == s.partition  # BytePS-MXNet's default
-    assert atom_elements(s, {"PROPHET_MXNET_ATOM_ELEMENTS": "5000"}) == 5000
-    with pytest.raises(ConfigError, match="PROPHET_MXNET_ATOM_ELEMENTS"):
-        atom_elements(s, {"PROPHET_MXNET_ATOM_ELEMENTS": "x"})
+    assert atom_elements(s) == s.partition // 4
+    assert atom_elements(s, per_partition=1) == s.partition  # BytePS-MXNet's default
+    assert atom_elements(Settings.from_env({"BYTEPS_PROPHET_ATOM_ELEMENTS": "5000"})) == 5000
+    with pytest.warns(FutureWarning, match="PROPHET_MXNET_ATOM_ELEMENTS is renamed BYTEPS_PROPHET_ATOM_ELEMENTS"):
+        old = Settings.from_env({"PROPHET_MXNET_ATOM_ELEMENTS": "6000"})
+    assert atom_elements(old) == 6000
+    with pytest.raises(ConfigError, match="BYTEPS_PROPHET_ATOM_ELEMENTS='x' is not a number"):
+        Settings.from_env({"BYTEPS_PROPHET_ATOM_ELEMENTS": "x"})
 
 
 def test_leader_measures_the_link_like_the_torch_plugin(monkeypatch):
     """The scheduling worker's monitor is the LinkMonitor (start-up latency apart from the link's
     cost, read by Prophet's hold); BYTEPS_PROPHET_LINK=core gives the core's; a bad value is refused."""
-    from byteps_prophet.backends.link import LinkMonitor
+    from byteps_prophet.core.link import LinkMonitor
     from byteps_prophet.core.bandwidth import BandwidthMonitor
 
     settings = Settings(scheduler="prophet")
@@ -99,12 +102,12 @@ def test_leader_measures_the_link_like_the_torch_plugin(monkeypatch):
     finally:
         kv.close()
     monkeypatch.setenv("BYTEPS_PROPHET_LINK", "core")
-    kv = skv.create("local", settings=settings)
+    kv = skv.create("local", settings=Settings.from_env().replace(scheduler="prophet"))
     assert type(kv.scheduler.bandwidth) is BandwidthMonitor
     kv.close()
     monkeypatch.setenv("BYTEPS_PROPHET_LINK", "bogus")
     with pytest.raises(ConfigError, match="BYTEPS_PROPHET_LINK='bogus' is invalid; valid: measured, core"):
-        skv.create("local", settings=settings)
+        skv.create("local")
 
 
 def test_invalid_scheduler_is_one_line_error():
@@ -183,7 +186,7 @@ def test_gate_released_before_it_starts():
 def _train(tmp_path, tag, scheduler, **extra) -> tuple:
     out = tmp_path / f"{tag}.npz"
     env = {"BPP_OUT": str(out), "BPP_STEPS": "8", "BYTESCHEDULER_PARTITION": "5000",
-           "PROPHET_MXNET_ATOM_ELEMENTS": "1000", "BYTESCHEDULER_CREDIT": "12000", **extra}
+           "BYTEPS_PROPHET_ATOM_ELEMENTS": "1000", "BYTESCHEDULER_CREDIT": "12000", **extra}
     if scheduler == "plain":
         env["BPP_PLAIN"] = "1"
     else:
@@ -213,8 +216,7 @@ def test_parameters_equal_under_all_schedulers(tmp_path, on_kv):
     results = {s: _train(tmp_path, s, s, BPP_ON_KV=on_kv)[0] for s in ("plain", *SCHEDULERS)}
     for s in SCHEDULERS:
         _assert_same(results["plain"], results[s], f"plain vs {s}")
-    # training moved the parameters
-    assert any(np.abs(v).sum() > 0 for v in results["fifo"].values())
+    assert_every_parameter_trained(results["plain"], dict(np.load(tmp_path / "plain.init.npz")), "plain")
 
 
 @pytest.mark.slow
@@ -269,6 +271,16 @@ def test_followers_issue_the_leaders_atoms_after_it(tmp_path):
     leader, follower = _issues(timeline), _issues(follower_path)
     assert leader.keys() == follower.keys()
     assert len(leader) > 50  # 8 steps of partitioned gradients
+    # exactly once, every step: each gradient's atoms 0..n-1, each once (_issues refuses a second
+    # issue), the same n in every step: no atom skipped or added in any step, on either worker
+    atoms: dict = {}
+    for name, seq, atom in leader:
+        atoms.setdefault(name, {}).setdefault(seq, set()).add(atom)
+    for name, per_step in atoms.items():
+        counts = {seq: len(issued) for seq, issued in per_step.items()}
+        assert len(set(counts.values())) == 1, f"{name}: atoms per step {counts}"
+        assert all(issued == set(range(len(issued))) for issued in per_step.values()), (name, per_step)
+    assert len({seq for per_step in atoms.values() for seq in per_step}) >= 8, "fewer steps than trained"
     early = [k for k in leader if follower[k] < leader[k]]
     assert not early, f"{len(early)} atoms issued by the follower before the leader, e.g. {early[:3]}"
     fifo, _ = _train(tmp_path, "fifo", "fifo")

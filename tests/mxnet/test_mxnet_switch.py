@@ -44,12 +44,13 @@ def test_compression_with_scheduler_is_one_line_error():
     assert len(lines) == 1 and "compression_params" in lines[0] and "valid:" in lines[0], lines
 
 
-def _reference(out: Path, steps: str) -> dict:
-    """What 2 workers of the stock trainer must end with, computed in one process without BytePS."""
+def _reference(out: Path, steps: str) -> tuple[dict, dict]:
+    """What 2 workers of the stock trainer must end with, computed in one process without BytePS,
+    and the initial values they start from."""
     path = out / f"reference-{steps}.npz"
     subprocess.run([sys.executable, WORKER, "--reference", "2"], check=True, timeout=120,
                    env=_clean_env(BPP_STEPS=steps, BPP_OUT=str(path)))
-    return dict(np.load(path))
+    return dict(np.load(path)), dict(np.load(out / f"reference-{steps}.init.npz"))
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,8 @@ def _check(results, scheduler):
     result = runs[scheduler]
     assert result.ok, f"{scheduler}: {run_report(result)}"
     # Every worker ends with the parameters the stock trainer's math gives (exact here: the same ops).
-    assert_every_worker_equals(references["unset" if scheduler == "unset" else "scheduled"], values[scheduler])
+    expected, initial = references["unset" if scheduler == "unset" else "scheduled"]
+    assert_every_worker_equals(expected, values[scheduler], initial)
 
 
 @pytest.mark.slow

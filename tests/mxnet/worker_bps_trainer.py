@@ -5,7 +5,7 @@ Whether byteps_prophet schedules it is up to BYTEPS_SCHEDULER alone (patch 91).
 
 ``--reference N``: no BytePS; one process computes what N workers must end with (each worker's
 gradient scaled by 1/(batch*N) as the stock trainer does, the N summed in rank order, the same SGD
-update), saved to $BPP_OUT. Knobs: BPP_STEPS (default 5), BPP_OUT."""
+update), saved to $BPP_OUT, and the initial values to <$BPP_OUT without .npz>.init.npz. Knobs: BPP_STEPS (default 5), BPP_OUT."""
 import os
 import sys
 
@@ -66,6 +66,7 @@ def train():
 
 def reference(workers):
     net = make_net()
+    np.savez(f"{OUT.removesuffix('.npz')}.init.npz", **{k: v.data().asnumpy() for k, v in net.collect_params().items()})
     params = [p for _, p in sorted(net.collect_params().items())]
     trainer = gluon.Trainer(params, *OPTIMIZER, kvstore=None)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()

@@ -1,5 +1,6 @@
 """Worker for the multi-process tests: K steps of a small Gluon net on fixed synthetic data, then
-saves the parameters to $BPP_OUT (worker 0; worker r to <$BPP_OUT without .npz>.rank<r>.npz).
+saves the parameters to $BPP_OUT (worker 0; worker r to <$BPP_OUT without .npz>.rank<r>.npz; worker 0
+also the initial ones to <$BPP_OUT without .npz>.init.npz).
 Knobs: BPP_STEPS, BPP_PLAIN=1 (unwrapped dist_sync store), BPP_DIE_AT=step:worker (the worker with that DMLC_WORKER_ID exits 3 at that step), BPP_UNUSED=1 (a parameter with
 grad_req='null' and a block not in the graph), BPP_ON_KV=0 (optimizer on the worker),
 BPP_BACKEND=byteps (the scheduled store over byteps.mxnet; optimizer on the worker),
@@ -41,6 +42,9 @@ class Net(gluon.HybridBlock):
 
 net = Net(unused=os.environ.get("BPP_UNUSED") == "1")
 net.initialize(mx.init.Xavier(), ctx=mx.cpu())
+if os.environ.get("BPP_OUT") and rank_env == 0:  # the initial values, to tell training from none
+    np.savez(f"{os.environ['BPP_OUT'].removesuffix('.npz')}.init.npz",
+             **{k: v.data().asnumpy() for k, v in net.collect_params().items()})
 if os.environ.get("BPP_BACKEND") == "byteps":
     from byteps_prophet.mxnet.byteps_backend import create_byteps_kvstore
     kv = create_byteps_kvstore()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from trace_check import assert_every_row_sent_once
 
 WORKER = str(Path(__file__).with_name("worker_bps_torch.py"))
 # Partitions small enough that ByteScheduler and Prophet cut this model's tensors into several pieces;
@@ -98,3 +99,7 @@ def test_scheduler_schedules_unmodified_script(results, scheduler):
     assert sorted(e[1:5] for e in follower_ops) == sorted(e[1:5] for e in ops)
     assert all(e[7] <= e[8] for e in follower_ops)  # issued, then done
     assert sum(e[0] == "ready" for e in follower["events"]) == steps * len(trace["meta"]["tensors"])
+    # exactly once by sums: push_pull(average=True) sent twice gives the same average, so the values
+    # above cannot show a duplicate; the rows each rank sent must tile every gradient once per step
+    assert_every_row_sent_once(trace, steps, "leader")
+    assert_every_row_sent_once(follower, steps, "follower")

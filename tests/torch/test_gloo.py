@@ -1,5 +1,7 @@
-"""Two worker processes on loopback, torch.distributed gloo: exact equality across schedulers and with
-one process on the averaged batch; a dead worker ends the run, named."""
+"""Two worker processes on loopback, torch.distributed gloo: every worker's parameters equal to one
+process on the averaged batch under every scheduler; every row sent exactly once on the leader and
+the follower (traces); a dead worker ends the run, named."""
+import json
 import os
 import sys
 
@@ -7,6 +9,7 @@ import pytest
 import torch
 
 from models_for_tests import build, data
+from trace_check import assert_every_row_sent_once
 from byteps_prophet.torch.launch import run_workers
 
 HERE = os.path.dirname(__file__)
@@ -34,10 +37,22 @@ def reference(model_name, optname, steps, workers=2, bpps=1):
 
 
 def launch(tmp_path, scheduler, optname, steps, model_name="mlp", extra=None, timeout=240):
+    """The run and its outputs: ``<out>`` is worker 0's parameters, ``<out>.rank1`` worker 1's, and
+    ``<out>.trace.json`` / ``<out>.trace.rank1.json`` their traces."""
     out = tmp_path / f"{scheduler}-{optname}-{model_name}.pt"
-    env = dict(SLICING, BYTEPS_SCHEDULER=scheduler, **(extra or {}))
+    env = dict(SLICING, BYTEPS_SCHEDULER=scheduler, BYTEPS_PROPHET_TRACE=f"{out}.trace.json", **(extra or {}))
     result = run_workers(WORKER + [str(out), str(steps), optname, model_name], 2, env=env, timeout=timeout)
     return result, out
+
+
+def every_worker(out) -> list:
+    return [torch.load(out), torch.load(f"{out}.rank1")]
+
+
+def assert_sent_once(out, steps) -> list[int]:
+    """Leader's and follower's traces: every row of every gradient sent once per step. Op counts."""
+    return [assert_every_row_sent_once(json.loads(open(path).read()), steps, path)
+            for path in (f"{out}.trace.json", f"{out}.trace.rank1.json")]
 
 
 def assert_same(a, b, tol=1e-6):
@@ -51,14 +66,14 @@ def assert_same(a, b, tol=1e-6):
 def test_schedulers_equal_fifo_and_single_process(tmp_path, optname):
     steps = 5
     ref = reference("mlp", optname, steps)
-    results = {}
     for scheduler in ("fifo", "bytescheduler", "prophet"):
         result, out = launch(tmp_path, scheduler, optname, steps)
         assert result.ok, (scheduler, result.reason, result.output)
-        results[scheduler] = torch.load(out)
-    for scheduler, params in results.items():
-        assert_same(params, results["fifo"])
-        assert_same(params, ref)
+        ops = assert_sent_once(out, steps)  # first: it names a duplicate or a gap where values only differ
+        for params in every_worker(out):
+            assert_same(params, ref)
+        if scheduler != "fifo":  # 64-element partitions: the schedulers cut the mlp's gradients
+            assert min(ops) > steps * len(ref), (scheduler, ops)
 
 
 @pytest.mark.slow
@@ -67,7 +82,9 @@ def test_unused_frozen_and_accumulation_across_workers(tmp_path):
     ref = reference("unused", "adamw", 4, bpps=2)
     result, out = launch(tmp_path, "prophet", "adamw", 4, model_name="unused", extra={"BPPS": "2"})
     assert result.ok, (result.reason, result.output)
-    assert_same(torch.load(out), ref)
+    for params in every_worker(out):
+        assert_same(params, ref)
+    assert_sent_once(out, 4)  # accumulation: one send per step, not per backward pass
 
 
 @pytest.mark.slow
@@ -76,7 +93,9 @@ def test_many_tensors_across_workers(tmp_path):
     ref = reference("many", "sgd", 3)
     result, out = launch(tmp_path, "prophet", "sgd", 3, model_name="many")
     assert result.ok, (result.reason, result.output)
-    assert_same(torch.load(out), ref)
+    for params in every_worker(out):
+        assert_same(params, ref)
+    assert_sent_once(out, 3)
 
 
 @pytest.mark.slow
@@ -88,6 +107,8 @@ def test_dead_worker_ends_the_run_named(tmp_path):
     assert "worker-1" in result.reason and "SIGKILL" in result.reason, result.reason
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_bench_comm_only_synchronises_the_model_without_compute():
     """The A/B runner's comm_only reference: real all-reduces of the model's gradient shapes, one JSON line."""
     import json

@@ -1,10 +1,10 @@
-"""How the real link is described to the scheduler (backends/link.py) and Prophet's settings."""
+"""How the real link is measured (core/link.py, backends/link.py) and Prophet's settings."""
 import json
 
 import pytest
 import torch
 
-from byteps_prophet.backends.link import LinkMonitor
+from byteps_prophet.core.link import LinkMonitor
 from byteps_prophet.core import Settings, Task
 from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.errors import ConfigError
@@ -45,7 +45,7 @@ def alone_then_backlogged(monitor):
 
 
 def test_core_monitor_mistakes_latency_and_lateness_for_link_cost():
-    # the problem LinkMonitor exists for (measured in docs/AB.md): the core's estimate after ops that
+    # the problem LinkMonitor exists for (measured in docs/history/AB-notebook.md): the core's estimate after ops that
     # ran alone carries their latency and the follower's lateness as a per-message cost
     core = BandwidthMonitor(serializations=1)
     now = 0.0

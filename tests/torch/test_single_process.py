@@ -1,4 +1,5 @@
 """One process, local backend: the plugin's bookkeeping, exactness and edge cases, fast."""
+import copy
 import json
 import subprocess
 import sys
@@ -136,20 +137,50 @@ def test_profile_forward_times_leave_out_the_waits_for_updates(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_state_dict_round_trip_keeps_training_equal():
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_state_dict_round_trip_keeps_training_equal(scheduler):
+    """Two steps, a checkpoint (model and optimizer state_dict), a fresh model and optimizer resumed
+    from it for two more steps: the same parameters as four uninterrupted steps of the plain
+    optimizer. Adam's moments live only in the optimizer's state, so a state_dict that loses or
+    misplaces them (or a load that does not reach the wrapped optimizer) changes the result."""
+    settings = dict(scheduler=scheduler, partition=SLICING["partition"], max_chunk_bytes=SLICING["max_chunk_bytes"],
+                    profile_iterations=2)
+
+    def wrapped(model):
+        from byteps_prophet.core import Settings
+
+        named = list(model.named_parameters())
+        return DistributedOptimizer(torch.optim.Adam([p for _, p in named], lr=0.01), named,
+                                    settings=Settings(**settings), backend="local")
+
+    def steps(model, opt, first, count):
+        for step in range(first, first + count):
+            opt.zero_grad()
+            x, y = data("mlp", 0, step)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
     model = build("mlp")
-    opt = DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), model.named_parameters(),
-                               scheduler="prophet", backend="local")
-    x, y = data("mlp", 0, 0)
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-    state = opt.state_dict()
-    assert len(state["state"]) == len(list(model.parameters()))
-    opt.load_state_dict(state)
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
+    opt = wrapped(model)
+    steps(model, opt, 0, 2)
+    opt.synchronize()
+    checkpoint = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                  "opt": copy.deepcopy(opt.state_dict())}
     opt.close()
+    assert len(checkpoint["opt"]["state"]) == len(list(model.parameters()))
+
+    resumed = build("mlp")
+    resumed.load_state_dict(checkpoint["model"])
+    opt = wrapped(resumed)
+    opt.load_state_dict(checkpoint["opt"])
+    steps(resumed, opt, 2, 2)
+    opt.synchronize()
+    opt.close()
+
+    plain = build("mlp")
+    plain_opt = torch.optim.Adam(plain.parameters(), lr=0.01)
+    steps(plain, plain_opt, 0, 4)
+    assert_same({k: v.detach() for k, v in resumed.state_dict().items()}, plain.state_dict())
 
 
 @pytest.mark.timeout(120)
@@ -177,17 +208,18 @@ def test_scheduler_sees_the_backends_link():
     plugin must hand it over before. It once set it after, and Prophet on BytePS modelled a one-stage
     link that sent everything at the end of backward."""
     from byteps_prophet.backends.base import LocalBackend
+    from byteps_prophet.core import EngineTraits
 
     class TwoStage(LocalBackend):
-        serializations = 2
-        pulls_follow_pushes = True
+        traits = EngineTraits(name="two-stage", stages=2, pulls_follow_pushes=True)
 
     model = build("mlp")
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), list(model.named_parameters()),
                                scheduler="prophet", backend=TwoStage())
     try:
         scheduler = opt._bpp.scheduler
-        assert scheduler._serializations == 2 and scheduler._hold_after_backward
+        assert scheduler.traits.stages == 2 and scheduler.traits.pulls_follow_pushes
+        assert scheduler._serializations == 2 and scheduler._pulls_follow_pushes
         assert scheduler.bandwidth.serializations == 2
     finally:
         opt.close()

@@ -1,6 +1,6 @@
 """A test worker: train a small model K steps under BYTEPS_SCHEDULER, dump the parameters.
 
-argv: OUT_PATH STEPS OPTIMIZER [MODEL]. Env: RANK/WORLD_SIZE/MASTER_* (set by the launcher),
+argv: OUT_PATH STEPS OPTIMIZER [MODEL] (rank r > 0 saves to OUT_PATH.rank<r>). Env: RANK/WORLD_SIZE/MASTER_* (set by the launcher),
 DIE_AT_STEP (rank 1 SIGKILLs itself there), BPPS (backward passes per step).
 """
 import os
@@ -37,7 +37,6 @@ for step in range(steps):
         loss.backward()
     opt.step()
 opt.synchronize()
-if rank == 0:
-    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out)
+torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out if rank == 0 else f"{out}.rank{rank}")
 opt.close()
 print("worker done", rank, flush=True)

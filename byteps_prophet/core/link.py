@@ -1,0 +1,172 @@
+"""How a real engine's link is measured: which completions are samples of the link.
+
+The core's :class:`~byteps_prophet.core.bandwidth.BandwidthMonitor` treats a transfer that ran alone
+as exact: its whole time in flight is service time of a FIFO link. On the real engines that is not
+what an operation's time in flight is. Measured on the local cluster (2 workers, 300 Mbit/s, gloo,
+docs/history/AB-notebook.md "Why Prophet was slower"):
+
+* an all-reduce only starts when *every* rank has issued it, so an op rank 0 sends before rank 1's
+  copy of that gradient is ready "takes" as long as rank 1 is behind (tens to hundreds of ms for an
+  8 KB bias), and
+* each op pays a start-up latency (threads to wake on a loaded CPU, TCP ramp-up) that does **not**
+  occupy the link: a second op in flight overlaps it. Alone, a 50 KB all-reduce took 30 ms on the
+  loaded 2-core machine; with 4 in flight the link stayed full.
+
+Fed with such samples the core fitted a "per-message cost" of 50-200 ms and a bandwidth of a third
+of the link's; Prophet then believed every message occupied the link for that long, kept one or two
+small ops in flight and left the link idle for most of every op's start-up.
+
+:class:`LinkMonitor` (same interface, given to the scheduler by the plugins, and by the simulator for
+an engine with a start-up latency) keeps the
+core's two estimators but feeds them differently:
+
+* **service samples only from back-to-back completions**: an op that was already in flight when the
+  previous one finished was queued on a busy link, so the time between the two completions is what
+  the link spent on it (start-up latency and the followers' lateness overlapped the previous op);
+  an op sent onto an idle link gives no service sample;
+* **delivery rate** (bytes delivered while an op was in flight over its time in flight, recent
+  maximum) as the fallback rate, as in the core;
+* the **latency** an op pays on an idle link (time in flight minus its bytes at the measured rate,
+  median of recent ones) is tracked separately (``latency``): it is not a cost the link serialises,
+  so it never enters the per-message cost; Prophet's default mode reads it to keep enough ops in
+  flight to overlap it (core/prophet.py, "Start-up latency");
+* a **change of the link** (tc moved the rate) is detected, not averaged: when ``SHIFT_RUN``
+  back-to-back samples in a row took more than ``SHIFT_RATIO`` times longer (or shorter) than the fit
+  predicts, the older samples are dropped. A window of 32 samples otherwise took 32 back-to-back
+  completions, two to three training steps, to forget the old rate (measured with the A/B's
+  1 -> 0.2 -> 1 Gbit/s schedule: the estimate stayed at a third of the restored rate for 32+ ops).
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from byteps_prophet.core.bandwidth import MIN_FIT_SAMPLES, BandwidthMonitor, RunningFit
+
+SHIFT_RUN = 4
+SHIFT_RATIO = 1.4
+
+
+class LinkMonitor(BandwidthMonitor):
+    def __init__(self, window: int = 32, serializations: int = 1) -> None:
+        super().__init__(window=window, serializations=serializations)
+        self._window = window
+        self._lm_reset()
+
+    def _lm_reset(self) -> None:
+        self._lm_flight: dict[int, tuple[float, int]] = {}
+        self._lm_delivered = 0
+        self._lm_rates: deque[float] = deque(maxlen=self._window // 2)
+        self._lm_line = RunningFit(self._window)
+        self._lm_latency: deque[float] = deque(maxlen=self._window // 2)
+        self._lm_last_finish = float("-inf")
+        self._lm_fit_at = -1
+        self._lm_fit: tuple[float, float] | None = None
+        self._lm_shift = 0  # signed length of the current run of samples off the fit in one direction
+        self.samples = 0
+        self.shifts = 0  # link changes detected
+
+    # -- events ---------------------------------------------------------------------------------------
+    def on_send(self, task, now: float) -> None:
+        self._lm_flight[id(task)] = (now, self._lm_delivered)
+
+    def on_finish(self, task, now: float) -> None:
+        sent_at, delivered_at_send = self._lm_flight.pop(id(task), (None, 0))
+        self._lm_delivered += task.nbytes
+        last, self._lm_last_finish = self._lm_last_finish, now
+        if sent_at is None or now <= sent_at:
+            return
+        self._lm_rates.append((self._lm_delivered - delivered_at_send) / (now - sent_at))
+        self.samples += 1
+        if sent_at < last < now:  # queued behind the previous op: the gap is this op's service
+            # (on a link of several FIFO stages, back-to-back completions are one stage's service apart)
+            self._follow_shift(float(task.nbytes), now - last)  # judged against the fit before it
+            self._lm_line.add(float(task.nbytes), now - last)
+            self._lm_fit_at = -1  # that fit is cached under this completion's count: refit with the sample
+        else:
+            rate = self.bytes_per_s
+            if rate:
+                self._lm_latency.append(max(0.0, (now - sent_at) - self.serializations * task.nbytes / rate))
+
+    def _follow_shift(self, nbytes: float, service: float) -> None:
+        fit = self._fit()
+        if fit is None or fit[1] * nbytes < fit[0]:  # no line yet, or a sample of mostly per-message cost
+            return
+        ratio = service / (fit[0] + fit[1] * nbytes)
+        step = 1 if ratio > SHIFT_RATIO else -1 if ratio < 1 / SHIFT_RATIO else 0
+        run = self._lm_shift
+        if step == 0:
+            run = 0
+        elif run * step > 0:
+            run += step
+        else:
+            run = step
+        self._lm_shift = run
+        if abs(run) >= SHIFT_RUN:  # this sample and the SHIFT_RUN - 1 before it: the link changed
+            keep = SHIFT_RUN - 1
+            self._lm_line.keep_last(keep)
+            rates = list(self._lm_rates)[-SHIFT_RUN:]
+            self._lm_rates.clear()
+            self._lm_rates.extend(rates)
+            self._lm_shift = 0
+            self.shifts += 1
+
+    # -- estimates ------------------------------------------------------------------------------------
+    def _fit(self):
+        if self._lm_fit_at == self.samples:
+            return self._lm_fit
+        self._lm_fit_at = self.samples
+        self._lm_fit = self._lm_line.fit(flat_through_origin=True)
+        pts = self._lm_line.samples
+        if len(pts) < MIN_FIT_SAMPLES and self.shifts and pts:
+            # Just after a detected change, the few samples kept are the best evidence of the new link:
+            # a line through the origin, never the peak delivery rate alone (one op sent just before a
+            # burst of completions "delivers" gigabytes per second; seen on the KVStore path).
+            sx, sy = sum(x for x, _ in pts), sum(y for _, y in pts)
+            if sx > 0 and sy > 0:
+                self._lm_fit = (0.0, sy / sx)
+        return self._lm_fit
+
+    @property
+    def known(self) -> bool:
+        return bool(self._lm_rates)
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        return self.rate_and_cost()[0]
+
+    @property
+    def message_cost(self) -> float:
+        return self.rate_and_cost()[1]
+
+    def rate_and_cost(self) -> tuple[float | None, float]:
+        fit = self._fit()
+        peak = max(self._lm_rates) if self._lm_rates else None
+        if fit is None:
+            return peak, 0.0
+        rate = 1.0 / fit[1]
+        # a back-to-back gap can be shortened by an op that overlapped the previous one (several
+        # collectives run at once): never believe more than the best delivery rate seen
+        if peak is not None and rate > peak:
+            rate = peak
+        # The cost the link serialises is at most the smallest overhead seen between back-to-back
+        # completions: with one or two ops in flight a gap still holds the rest of the next op's
+        # start-up latency, and a cost fitted through those gaps would keep the ops few and the
+        # latency exposed (a feedback loop measured at 1 Gbit/s: 5-7 ms fitted, small ops sent one at
+        # a time, 10-20 ms each). A low quantile of the residuals breaks it.
+        slope = fit[1]
+        residuals = sorted(max(0.0, y - x * slope) for x, y in self._lm_line.samples)
+        cost = residuals[len(residuals) // 10] if residuals else 0.0
+        return rate, min(cost, fit[0])
+
+    @property
+    def latency(self) -> float:
+        """Median start-up latency of an op sent onto an idle link (seconds; 0 until measured)."""
+        return statistics.median(self._lm_latency) if self._lm_latency else 0.0
+
+    @property
+    def in_flight_count(self) -> int:
+        return len(self._lm_flight)
+
+    def reset(self) -> None:
+        self._lm_reset()

@@ -1,0 +1,170 @@
+"""The simulator models the engine's traits, and every Prophet rule for such an engine runs in it."""
+import json
+import math
+
+import pytest
+
+from byteps_prophet.cli import main
+from byteps_prophet.core import EngineTraits, Settings, Task
+from byteps_prophet.core.engine import PRESETS, SCHEMA, load_engine, save_engine
+from byteps_prophet.errors import ConfigError, UserError
+from byteps_prophet.sim.engine import ClusterSpec, Layer, Simulation
+from byteps_prophet.sim.network import Conditions, ParameterServerNetwork, RingAllReduceNetwork
+
+from tests.sim.test_engine import assert_every_row_sent_once
+
+RATE = 1e9  # bytes/s
+
+
+class Loop:
+    def __init__(self):
+        self.time, self.events = 0.0, []
+
+    def at(self, when, callback, arg):
+        self.events.append((when, callback, arg))
+
+    def run(self):
+        done = {}
+        while self.events:
+            self.events.sort(key=lambda e: e[0])
+            self.time, callback, arg = self.events.pop(0)
+            if callback is None:
+                done[arg.key] = self.time
+            else:
+                callback(arg)
+        return done
+
+
+def ps(traits, workers=1):
+    loop = Loop()
+    net = ParameterServerNetwork(workers, traits, Conditions(RATE), 0.0, loop.at, lambda: loop.time)
+    net.on_finished = lambda task: loop.events.append((loop.time, None, task))
+    return net, loop
+
+
+def task(name, nbytes):
+    return Task(name, 0, (nbytes // 4,))
+
+
+def test_pull_requests_wait_behind_pushes_queued_before_them():
+    """A small piece sent behind a 10 MB one: where pulls follow pushes its pull is requested only
+    once its push is acknowledged, behind the bytes queued on the uplink by then: the 10 MB pushed
+    after it, and big's request too (its pull first)."""
+    # without: small's pull follows big's on the downlink (10 + 10 + 1 ms); with: both requests wait
+    # for late's push (21 ms), then big's pull and small's (+ 10 + 1 ms)
+    for follows, expected in ((False, 0.021), (True, 0.032)):
+        net, loop = ps(EngineTraits(stages=2, pulls_follow_pushes=follows))
+        net.send(task("big", 10_000_000))
+        net.send(task("small", 1_000_000))
+        net.send(task("late", 10_000_000))  # pushed before small's ack: small's request queues behind it
+        done = loop.run()
+        assert done["small"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_start_up_latency_delays_an_op_on_an_idle_link_only():
+    net, loop = ps(EngineTraits(stages=2, startup_latency_s=0.005))
+    net.send(task("a", 1_000_000))
+    net.send(task("b", 1_000_000))
+    done = loop.run()
+    assert done["a"] == pytest.approx(0.005 + 0.002)
+    assert done["b"] == pytest.approx(0.005 + 0.003)  # queued behind a: its latency overlapped
+
+
+def test_atoms_pay_the_message_cost_each_and_half_duplex_shares_the_link():
+    net, loop = ps(EngineTraits(stages=2, message_cost_s=1e-4, atom_elements=62_500))  # 4 atoms of 250 kB
+    net.send(task("a", 1_000_000))
+    assert loop.run()["a"] == pytest.approx(2 * (4e-4 + 0.001))
+    net, loop = ps(EngineTraits(stages=2, duplex=False))
+    net.send(task("a", 1_000_000))
+    net.send(task("b", 1_000_000))
+    done = loop.run()
+    assert done["b"] == pytest.approx(0.004)  # a's pull and b's push share the one link
+
+
+def test_fewer_servers_share_their_links():
+    net, loop = ps(EngineTraits(stages=2, servers=1), workers=4)
+    net.send(task("a", 1_000_000))
+    assert loop.run()["a"] == pytest.approx(2 * 0.004)  # four workers' bytes through one server
+
+
+def test_ring_pays_the_start_up_latency_and_its_steps():
+    loop = Loop()
+    net = RingAllReduceNetwork(4, EngineTraits(stages=1, message_cost_s=1e-4, startup_latency_s=0.002),
+                               Conditions(RATE), 0.0, loop.at, lambda: loop.time)
+    net.on_finished = lambda t: loop.events.append((loop.time, None, t))
+    net.send(task("a", 1_000_000))
+    assert loop.run()["a"] == pytest.approx(0.002 + 6 * 1e-4 + 1.5 * 0.001)
+
+
+def layers(n=6, bwd=2e-3):
+    return [Layer(f"l{i}", (256, 1024), fwd_s=1e-3, bwd_s=bwd) for i in range(n)]
+
+
+def test_every_prophet_rule_for_pulls_following_pushes_runs_in_the_simulator():
+    """With the BytePS engine Prophet models the request-wait stage, caps chunks and plans its steps,
+    and still sends every row exactly once; the ideal engine gives none of those rules."""
+    engine = PRESETS["byteps"].replace(message_cost_s=50e-6, startup_latency_s=0.002)
+    cluster = ClusterSpec(workers=4, bandwidth=0.25e9, engine=engine)
+    sim = Simulation(layers(), cluster, Settings(scheduler="prophet"), iterations=12, warmup=4)
+    result = sim.run()
+    prophet = sim.scheduler
+    assert prophet.traits.pulls_follow_pushes and len(prophet.link.stage_free) == 3 and prophet.cut_elements == 250_000
+    assert prophet.planned_iterations > 0
+    assert type(prophet.bandwidth).__name__ == "LinkMonitor" and prophet.bandwidth.latency > 0
+    assert max(p.nbytes for p in result.sent if p.iteration >= 4) <= 1.25 * 2 * 1024 * 1024
+    assert_every_row_sent_once(result, layers(), 12)
+    ideal = Simulation(layers(), ClusterSpec(workers=4, bandwidth=0.25e9), Settings(scheduler="prophet"), 12, 4)
+    assert not ideal.scheduler.traits.pulls_follow_pushes and len(ideal.scheduler.link.stage_free) == 2
+
+
+def test_compute_slowdown_and_stragglers_stretch_a_compute_bound_step():
+    fast = dict(bandwidth=100e9, workers=8)
+    base = Simulation(layers(), ClusterSpec(**fast), Settings(), 10, 2).run().iter_s
+    slow = Simulation(layers(), ClusterSpec(**fast, slow_worker=1.5), Settings(), 10, 2).run().iter_s
+    assert slow == pytest.approx(1.5 * base, rel=0.01)
+    jitter = [Simulation(layers(), ClusterSpec(**{**fast, "workers": w}, jitter=0.05), Settings(), 10, 2).run().iter_s
+              for w in (2, 256)]
+    assert base < jitter[0] < jitter[1] < 1.25 * base  # the slowest of more workers is slower
+    busy = ClusterSpec(workers=8, bandwidth=1e9, engine=PRESETS["ideal-ps"].replace(compute_slowdown=1.3))
+    idle = ClusterSpec(workers=8, bandwidth=1e9, engine=PRESETS["ideal-ps"])
+    assert Simulation(layers(), busy, Settings(), 10, 2).run().iter_s > Simulation(layers(), idle, Settings(), 10, 2).run().iter_s
+
+
+def test_an_engine_must_fit_the_architecture():
+    with pytest.raises(UserError, match="does not fit engine 'gloo'"):
+        ClusterSpec(arch="ps", engine=PRESETS["gloo"])
+
+
+def test_engine_profile_round_trip_and_one_line_errors(tmp_path):
+    path = tmp_path / "e.json"
+    traits = EngineTraits(name="byteps", stages=2, pulls_follow_pushes=True, message_cost_s=1e-4)
+    save_engine(str(path), traits, {"samples": [1, 2]})
+    assert load_engine(str(path)) == traits and json.loads(path.read_text())["schema"] == SCHEMA
+    assert load_engine("gloo") == PRESETS["gloo"]
+    cases = {
+        '{"schema": "other", "traits": {}}': "schema 'other' is not supported",
+        f'{{"schema": "{SCHEMA}", "traits": {{"stage": 2}}}}': "unknown trait 'stage'; valid:",
+        f'{{"schema": "{SCHEMA}", "traits": {{"stages": 3}}}}': "stages=3 is invalid; valid: 1",
+        f'{{"schema": "{SCHEMA}", "traits": {{"message_cost_s": -1}}}}': "message_cost_s=-1 is invalid",
+        "not json": "is not readable JSON",
+    }
+    for text, message in cases.items():
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=message) as err:
+            load_engine(str(path))
+        assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_engine(str(tmp_path / "missing.json"))
+
+
+def test_simulate_takes_an_engine_file(capsys, tmp_path):
+    path = tmp_path / "e.json"
+    save_engine(str(path), PRESETS["byteps"].replace(bandwidth_bytes_per_s=125e6, servers=1))
+    assert main(["simulate", "--model", "alexnet", "--workers", "2", "--engine", str(path), "--iterations", "8",
+                 "--scheduler", "prophet", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["arch"] == "ps" and out["servers"] == 1 and out["engine"]["pulls_follow_pushes"]
+    assert out["bandwidth"] == "125000000bps" and math.isfinite(out["results"]["prophet"]["iter_ms"])
+    path.write_text("{}")
+    assert main(["simulate", "--model", "alexnet", "--engine", str(path)]) == 2
+    assert "schema" in capsys.readouterr().err

@@ -1,0 +1,41 @@
+"""One configuration: every Settings field has one variable, read by ``from_env``, listed in the README."""
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from byteps_prophet.core.settings import ENVIRONMENT, Settings
+from byteps_prophet.errors import ConfigError
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_every_field_has_one_variable_listed_in_the_readme_table():
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    assert set(ENVIRONMENT) == fields
+    names = [name for name, _ in ENVIRONMENT.values()]
+    assert len(set(names)) == len(names)
+    table = [line for line in README.read_text().splitlines() if line.startswith("| `")]
+    listed = {name for line in table for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1])}
+    assert set(names) <= listed, sorted(set(names) - listed)
+
+
+@pytest.mark.parametrize("field", sorted(ENVIRONMENT))
+def test_each_variable_is_read(field):
+    """Setting a variable changes its field (so a renamed or dropped read fails here)."""
+    name, _ = ENVIRONMENT[field]
+    default = getattr(Settings(), field)
+    other = {bool: "1", str: {"scheduler": "prophet", "prophet_mode": "paper", "link_monitor": "core"}.get(field),
+             int: "7", float: "3.5"}[type(default)]
+    if field in ("partition", "credit", "profile_iterations"):
+        other = "7"
+    assert getattr(Settings.from_env({name: other}), field) != default
+
+
+@pytest.mark.parametrize("field", sorted(f for f in ENVIRONMENT if f not in ("credit_tuning",)))
+def test_a_bad_value_is_one_line_naming_the_variable(field):
+    name, _ = ENVIRONMENT[field]
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({name: "-1x"})
+    assert name in str(err.value) and "valid:" in str(err.value) and "\n" not in str(err.value)

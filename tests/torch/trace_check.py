@@ -1,0 +1,32 @@
+"""Shared by the multi-process torch tests: exactly-once from a rank's trace (BYTEPS_PROPHET_TRACE), by
+sums of what was sent, not by the averaged values (an all-reduce or a push_pull with average=True sent
+twice gives the same average, so parameters alone cannot show a duplicate)."""
+from __future__ import annotations
+
+import collections
+
+
+def assert_every_row_sent_once(trace: dict, iterations: int, what: str) -> int:
+    """Every iteration, every tensor whose gradient was ready in it (a ``ready`` event): the rows of
+    its ops tile [0, rows) exactly (no row twice, none missing) and their bytes add up to the
+    tensor's; a tensor without a gradient (unused) sends nothing. Returns the number of ops (so a
+    caller can check that tensors were cut)."""
+    tensors = {index: (shape[0] if shape else 1, nbytes) for index, _name, shape, nbytes in trace["meta"]["tensors"]}
+    ops = [e for e in trace["events"] if e[0] == "op"]
+    pieces = collections.defaultdict(list)
+    for _kind, iteration, index, row_start, row_end, nbytes, *_ in ops:
+        pieces[iteration, index].append((row_start, row_end, nbytes))
+    ready = {(e[1], e[2]) for e in trace["events"] if e[0] == "ready"}
+    assert sorted({it for it, _ in pieces}) == list(range(iterations)), f"{what}: iterations {sorted(pieces)[:5]}"
+    assert set(pieces) == ready, f"{what}: sent without a gradient, or a gradient never sent: {set(pieces) ^ ready}"
+    for iteration in range(iterations):
+        for index, (rows, nbytes) in tensors.items():
+            if (iteration, index) not in ready:
+                continue
+            got = sorted(pieces[iteration, index])
+            assert sum(end - start for start, end, _ in got) == rows, \
+                f"{what}: iteration {iteration} tensor {index}: rows sent {got}, tensor has {rows}"
+            assert sum(b for _, _, b in got) == nbytes, f"{what}: iteration {iteration} tensor {index}: bytes {got}"
+            edges = [0] + [end for _, end, _ in got]
+            assert [start for start, _, _ in got] == edges[:-1], f"{what}: iteration {iteration} tensor {index}: {got}"
+    return len(ops)
