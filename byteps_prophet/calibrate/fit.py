@@ -4,7 +4,7 @@ The probe (``probe.py``) reports, per micro-benchmark, when each op was issued a
 on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate measures"):
 
 * **link rate and start-up latency**: ops of three sizes each sent onto an idle link: the core's
-  least-squares line (``core/bandwidth.py``'s ``_RunningFit``) of time in flight against the bytes
+  least-squares line (``core/bandwidth.py``'s ``RunningFit``) of time in flight against the bytes
   they carry over the bottleneck (stages x link bytes) gives the rate (1 / slope); its intercept,
   less the per-message cost on every stage, is the start-up latency;
 * **per-message cost**: ops of several sizes sent back to back. An op already in flight when the
@@ -28,7 +28,7 @@ import math
 import statistics
 from typing import Any, Mapping, Sequence
 
-from byteps_prophet.core.bandwidth import _RunningFit
+from byteps_prophet.core.bandwidth import RunningFit
 from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.errors import ConfigError
 
@@ -87,7 +87,7 @@ def fit_link(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
     if not samples:
         raise ConfigError("calibration: no back-to-back completions to fit; valid: a probe output with "
                           "'stream' groups of at least 2 ops")
-    line = _RunningFit(window=max(len(samples), 1))
+    line = RunningFit(window=max(len(samples), 1))
     for x, y in samples:
         line.add(x, y)
     fitted = line.fit()
@@ -127,7 +127,7 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
     # crosses the bottleneck with): back to back, BytePS and the KVStore interleave a burst of pushes
     # and complete the ops in bunches at its end, so completion gaps read the link at 124-170% of
     # its shaped rate (measured at 200 and 300 Mbit/s); an op alone has no one to share with.
-    alone_line = _RunningFit(window=10_000)
+    alone_line = RunningFit(window=10_000)
     for entry in alone.values():
         for flight in entry["flight_s"]:
             alone_line.add(stages * float(entry["link_bytes"]), flight)
