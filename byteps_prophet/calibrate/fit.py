@@ -13,8 +13,8 @@ on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate 
   intercept of the same least-squares line through them is the cost;
 * **pulls follow pushes** (parameter servers): a small op sent just before a large one, against the
   same op alone: it finishing only after most of the large push means its pull queued behind it;
-* **duplex**: on a parameter server, a second large op issued once the first's push is over: both
-  done after 3 one-way transfers on a duplex link, 4 on a half-duplex one. For an all-reduce, the
+* **duplex**: on a parameter server, a second large op issued 1.25 push times after the first: both
+  done after 3.25 one-way transfers on a duplex link, 4 on a half-duplex one. For an all-reduce, the
   measured rate against the shaped one;
 * **compute slowdown**: a fixed CPU workload while the engine moves bytes, over the same alone.
 
@@ -38,9 +38,11 @@ BACKENDS = ("byteps", "kvstore", "gloo")
 # torch.distributed sends any slice as it is.
 DEFAULT_ATOM_ELEMENTS = 250_000
 FOLLOW_SHARE = 0.5  # of the large push's service a small op must wait for to be "behind" it
-# Two large ops, the second issued when the first's push is over: a duplex link finishes both after 3
-# one-way transfers (the first's pull overlaps the second's push), a half-duplex one after 4.
-DUPLEX_TRANSFERS = 3.5
+# Two large ops, the second issued 1.25 push times after the first (probe.STAGGER): a duplex link
+# finishes both after 3.25 one-way transfers (the first's pull overlaps the second's push), a
+# half-duplex one after 4. (Issued right at the end of the first push, BytePS read 4.0 on a duplex
+# link: the first's pull request queued behind the second's push, as pulls follow pushes.)
+DUPLEX_TRANSFERS = 3.6
 DUPLEX_SHARE = 0.6  # all-reduce: measured rate at least this share of the shaped one
 
 

@@ -38,6 +38,7 @@ MIN_GROUP, MAX_GROUP = 6, 10
 REPS = 2
 ALONE_REPS, BIG_ALONE_REPS, BEHIND_REPS = 6, 3, 3
 PAUSE_S = 0.05  # idle time before an op that must find the link idle
+STAGGER = 1.25  # the second large op of ``staggered``, in push times after the first
 COMPUTE_UNIT_S = 0.02
 COMPUTE_REPS = 6  # per alone phase
 CYCLES = 3  # alone, busy, alone, busy, ...
@@ -256,13 +257,15 @@ class Probe:
                 "flight_s": _r(flights)}
 
     def staggered(self, alone: dict) -> dict:
-        """Two large ops, the second issued once the first's push should be over (half the difference
-        between a large and a small op alone): on a duplex link the first's pull overlaps the second's
-        push (both done after about 3 one-way transfers), on a half-duplex one they take turns (4)."""
+        """Two large ops, the second issued a quarter after the first's push should be over (push time:
+        half the difference between a large and a small op alone), so that the first's pull request is
+        out before the second's push (where pulls follow pushes it would otherwise queue behind it): on
+        a duplex link the first's pull overlaps the second's push (both done after about 3.25 one-way
+        transfers), on a half-duplex one they take turns (4)."""
         big = len(SIZES) - 1
         small_s = sorted(alone["small"]["flight_s"])[len(alone["small"]["flight_s"]) // 2]
         big_s = sorted(alone["big"]["flight_s"])[len(alone["big"]["flight_s"]) // 2]
-        delay = max(0.0, (big_s - small_s) / 2)
+        delay = STAGGER * max(0.0, (big_s - small_s) / 2)
         flights = []
         for _ in range(BIG_ALONE_REPS):
             self.e.barrier()
