@@ -91,6 +91,7 @@ def run(argv: list[str], *, locked: bool, timeout: float) -> subprocess.Complete
 def record(name: str, cfg: dict, rounds: int) -> None:
     folder = OUT / name
     folder.mkdir(parents=True, exist_ok=True)
+    commit = git_commit()  # the code the run starts on (HEAD may move while it waits for the lock)
     with tempfile.TemporaryDirectory(prefix="bpp-replay-") as tmp:
         proc = run(cli("ab", *cfg["ab"], "--workers", "2", "--rounds", str(rounds), "--no-tune",
                        "--variants", ",".join(VARIANTS), "--record", tmp, "--json"), locked=True, timeout=900)
@@ -110,17 +111,18 @@ def record(name: str, cfg: dict, rounds: int) -> None:
     (folder / "measured.json").write_text(json.dumps(
         {"command": "byteps-prophet " + " ".join(["ab", *cfg["ab"], "--workers", "2", "--rounds", str(rounds),
                                                   "--no-tune", "--variants", ",".join(VARIANTS), "--record", "DIR"]),
-         "commit": git_commit(), "config": c, "environment": summary.get("environment"),
+         "commit": commit, "config": c, "environment": summary.get("environment"),
          "netns": summary.get("netns"), "runs": runs}, indent=1) + "\n")
 
 
 # -- 2. calibrate -----------------------------------------------------------------------------------------
 def calibrate(engine: str) -> None:
     out = OUT / f"engine_{engine}.json"
+    commit = git_commit()
     run(cli("calibrate", "--backend", engine, "--workers", "2", "--servers", "1", "--bandwidth",
             CALIBRATE_AT[engine], "--out", str(out)), locked=True, timeout=600)
     doc = json.loads(out.read_text())
-    doc.setdefault("measured", {})["commit"] = git_commit()
+    doc.setdefault("measured", {})["commit"] = commit
     out.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
 
 
