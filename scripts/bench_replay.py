@@ -149,7 +149,7 @@ def link_args(engine_file: Path, bandwidth: str, with_engine: bool, arch: str, w
     rate_bits = parse_bandwidth(bandwidth) * share
     args = ["--bandwidth", f"{rate_bits:.0f}bit"]
     if with_engine:
-        return args + ["--engine", str(engine_file)]
+        return args + ["--engine", os.path.relpath(engine_file, ROOT)]
     if arch == "ps":
         overhead, latency = traits["message_cost_s"], traits["startup_latency_s"] / 2
     else:
@@ -175,7 +175,8 @@ def replay(names: list[str], iterations: int) -> dict:
         arch = ["--arch", "ps", "--servers", "1"] if cfg["arch"] == "ps" else ["--arch", "allreduce"]
         rows = []
         for r in measured["runs"]:
-            argv = cli("simulate", "--profile", str(folder / r["profile"]), "--workers", "2", *arch, *link,
+            profile = os.path.relpath(folder / r["profile"], ROOT)  # commands in the results run from the root
+            argv = cli("simulate", "--profile", profile, "--workers", "2", *arch, *link,
                        "--scheduler", r["variant"], "--iterations", str(iterations), "--json")
             proc = run(argv, locked=False, timeout=600)
             sim = json.loads(proc.stdout)
