@@ -43,3 +43,15 @@ def test_link_args_put_the_engine_in_the_simulators_terms(bench, tmp_path):
     assert ring == ["--bandwidth", "160000000bit", "--overhead", "500us", "--latency", "0us"]
     assert bench.link_args(path, "200mbit", True, "ps")[-2] == "--engine"
     assert json.loads(path.read_text())["traits"]["name"] == "byteps"
+
+
+@pytest.mark.slow
+def test_the_gloo_replay_stays_within_8_percent_of_the_measured_steps(bench):
+    """The committed gloo recording (docs/replay/torch_gloo_vgg_1g) replayed with its calibrated engine:
+    every variant within 8% of its measured step (4% at 86bd587), and ordered as measured."""
+    results = bench.replay(["torch_gloo_vgg_1g"], iterations=20)
+    config = results["configs"]["torch_gloo_vgg_1g"]
+    assert len(config["rows"]) == 3
+    for row in config["rows"]:
+        assert abs(row["error"]) <= 0.08, row
+    assert config["order_agrees"]
