@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "byteps_prophet.sim.cli",
     "byteps_prophet.cluster.cli",
     "byteps_prophet.ab.cli",
+    "byteps_prophet.calibrate.cli",
 )
 
 

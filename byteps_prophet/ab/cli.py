@@ -35,7 +35,8 @@ def register(subparsers) -> None:
                         "limit's references, not run by default: compute_only (every worker trains alone, no "
                         "communication), comm_only (only the gradients' synchronisation, no compute; not for mxnet/byteps)")
     p.add_argument("--record", default=None, metavar="DIR",
-                   help="write each run's profile (for `simulate --profile`) and rank-0 event trace into DIR")
+                   help="write each run's profile (for `simulate --profile`) and rank-0 event trace (MXNet: the store's "
+                        "timeline) into DIR")
     p.add_argument("--pool", nargs="+", default=None, metavar="JSON",
                    help="run nothing: summarise together the rounds of earlier `ab --json` outputs of the same "
                         "configuration (table, --json, --plot as for a run)")

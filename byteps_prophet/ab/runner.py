@@ -205,11 +205,12 @@ class ABRunner:
         command = bench_command(cfg, progress=bool(schedule), tune=tune, variant=variant)
         env = self._env(variant)
         recorded = {}
-        if cfg.record and not tune and not reference and cfg.framework == "torch":
+        if cfg.record and not tune and not reference:
             base = os.path.join(os.path.abspath(cfg.record), f"{variant}{tag}")
             recorded = {"profile": base + ".profile.json", "trace": base + ".trace.json"}
             env["BYTEPS_PROPHET_PROFILE"] = recorded["profile"]
-            env["BYTEPS_PROPHET_TRACE"] = recorded["trace"]
+            # torch's event trace; the MXNet stores' timeline (the profile's ready times come from it)
+            env["BYTEPS_PROPHET_TRACE" if cfg.framework == "torch" else "PROPHET_MXNET_TIMELINE"] = recorded["trace"]
         result = cluster.run(command, env=env, timeout=cfg.timeout, output=sink)
         if cfg.bandwidth_schedule and cluster.use_netns:
             cluster.set_bandwidth(cfg.bandwidth)

@@ -119,6 +119,10 @@ def run(args: argparse.Namespace) -> dict | None:
         if args.backend != "kvstore":
             raise UserError(f"--comm-only with --backend {args.backend}; valid: --backend kvstore")
         return comm_only(args, mx.kv.create(args.kvstore))
+    profile_path = os.environ.get("BYTEPS_PROPHET_PROFILE") or None
+    if profile_path and args.backend != "local" and not os.environ.get("PROPHET_MXNET_TIMELINE"):
+        # the store's timeline holds when each gradient was staged: the profile's ready times
+        os.environ["PROPHET_MXNET_TIMELINE"] = profile_path + ".timeline.json"
     if args.backend == "local":
         kv = _Alone()
     elif args.backend == "byteps":
@@ -150,9 +154,14 @@ def run(args: argparse.Namespace) -> dict | None:
     # worker-0, where the A/B runner reads progress and the JSON line), not necessarily ps-lite rank 0.
     leader = getattr(kv, "leader", kv.rank == 0)
 
+    marks: list[float] | None = [] if profile_path and leader and not isinstance(kv, _Alone) else None
+
     def one_step():
         with autograd.record():
             loss = loss_fn(net(data), label)
+        if marks is not None:  # recording: backward starts once the loss is computed
+            loss.wait_to_read()
+            marks.append(time.monotonic())
         loss.backward()
         trainer.step(args.batch)
         loss.wait_to_read()
@@ -202,6 +211,8 @@ def run(args: argparse.Namespace) -> dict | None:
             # machine where workers and servers share cores, store overhead shows here first
             "cpu_s_per_step": round(cpu_s / args.steps, 6),
         })
+    if marks is not None and args.tune_credit is None:
+        result["profile"] = write_profile(profile_path, kv, net, marks[args.warmup:], total, args)
     if hasattr(kv, "stats"):
         result.update(kv.stats())
     if hasattr(kv, "close"):
@@ -259,6 +270,38 @@ def comm_only(args, kv) -> dict:
     gc.collect()
     result["_finalized"] = real() is None
     return result
+
+
+def write_profile(path: str, kv, net, marks: list[float], end: float, args) -> str | None:
+    """The timed steps' profile (docs/PROFILE.md) from the store's timeline: each gradient's ready time is
+    when the store staged it, relative to the step's backward start (its loss computed). Forward times
+    are not recorded (the simulator takes half of each backward time). Parameters are named by their
+    store key (their index in ``collect_params()``, forward order)."""
+    from byteps_prophet.profile import ProfileRecorder
+
+    timeline, t0 = getattr(kv, "_timeline", None), getattr(kv, "_t0", None)
+    if not timeline or t0 is None or not marks:
+        print("bench: profile not written: the store kept no timeline", file=sys.stderr)
+        return None
+    params = list(net.collect_params().values())
+    tensors = [(str(i), p.shape) for i, p in enumerate(params) if p.grad_req != "null"]
+    recorder = ProfileRecorder(tensors, model=args.model, framework="mxnet", batch=args.batch, device="cpu",
+                               world_size=kv.num_workers, meta={"backend": args.backend, "width": args.width})
+    names = {name for name, _ in tensors}
+    bounds = marks + [end]
+    ready = [(t0 + event[0], event[2]) for event in timeline if event[1] == "ready" and event[2] in names]
+    for k, start in enumerate(marks):
+        recorder.begin_iteration(start)
+        for t, name in ready:
+            if start <= t < bounds[k + 1]:
+                recorder.gradient_ready(name, t)
+        recorder.end_iteration(bounds[k + 1])
+    try:
+        recorder.profile().save(path)
+    except UserError as err:  # a profile problem must not fail the benchmark
+        print(f"bench: profile not written: {err}", file=sys.stderr)
+        return None
+    return path
 
 
 class _Alone:

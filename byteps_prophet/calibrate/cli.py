@@ -1,0 +1,124 @@
+"""``byteps-prophet calibrate``: measure an engine's traits on the local cluster, write an engine profile."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from byteps_prophet.errors import UserError
+
+BACKENDS = ("byteps", "kvstore", "gloo")
+# Which cluster engine serves each backend (gloo: the workers talk directly; the scheduler and server
+# hosts of the A/B's gloo compose file only idle).
+CLUSTER_ENGINE = {"byteps": "byteps", "kvstore": "mxnet", "gloo": "mxnet"}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure an engine's traits on the local cluster and write an engine profile",
+        description="Start the local cluster (namespaces, tc-shaped links), run short micro-benchmarks on "
+                    "the real engine on every worker (back-to-back ops of several sizes, ops alone, a small "
+                    "op before a large one, compute while bytes move), and write the engine profile "
+                    "(`simulate --engine FILE`). About a minute. See docs/ENGINE.md.")
+    p.add_argument("--backend", required=True, metavar="BACKEND",
+                   help="byteps (torch BytePS push_pull), kvstore (MXNet dist_sync) or gloo (torch.distributed)")
+    p.add_argument("--workers", type=int, default=2, metavar="N", help="worker hosts (default 2)")
+    p.add_argument("--servers", type=int, default=1, metavar="S",
+                   help="parameter-server hosts (default 1; gloo has none, its idle server host is ignored)")
+    p.add_argument("--bandwidth", default="1gbit", metavar="RATE",
+                   help="each link, each direction, tc units (default 1gbit; none = unshaped)")
+    p.add_argument("--out", default=None, metavar="FILE", help="engine profile to write (default engine_<backend>.json)")
+    p.add_argument("--json", action="store_true", help="print the engine profile as JSON instead of the table")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="stop the probe after SEC seconds")
+    p.add_argument("--no-netns", action="store_true", help="plain loopback (no shaping)")
+    p.set_defaults(func=run)
+
+
+def _check(args) -> tuple[str, float | None]:
+    from byteps_prophet.units import parse_bandwidth
+
+    backend = (args.backend or "").strip().lower()
+    if backend not in BACKENDS:
+        raise UserError(f"--backend {args.backend!r} is not a backend; valid: {', '.join(BACKENDS)}")
+    if args.workers < 2:
+        raise UserError(f"--workers {args.workers} is invalid; valid: an integer >= 2 (calibration needs communication)")
+    if args.servers < 1:
+        raise UserError(f"--servers {args.servers} is invalid; valid: an integer >= 1")
+    if not args.timeout > 0:
+        raise UserError(f"--timeout {args.timeout:g} is invalid; valid: a positive number of seconds")
+    bits = parse_bandwidth(args.bandwidth, "--bandwidth")
+    out = args.out or f"engine_{backend}.json"
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise UserError(f"--out {out!r}: folder {folder!r} does not exist or is not writable; valid: a file "
+                        f"in a writable folder")
+    args.out = out
+    return backend, (bits / 8 if bits else None)
+
+
+def probe_command(backend: str, nominal: float | None) -> list[str]:
+    return [sys.executable, "-m", "byteps_prophet.calibrate.probe", "--backend", backend,
+            "--rate", f"{nominal or 0:.0f}"]
+
+
+def parse_probe(lines: list[str]) -> dict | None:
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("{") and '"calibration"' in line:
+            try:
+                return json.loads(line)["calibration"]
+            except (ValueError, KeyError):
+                continue
+    return None
+
+
+def measure(backend: str, *, workers: int, servers: int, bandwidth: str, nominal: float | None,
+            timeout: float, netns: bool | None, log=None) -> tuple[dict, dict]:
+    """Run the probe on a fresh cluster; ``(raw probe output, setup)``. Torn down on any failure."""
+    from byteps_prophet.ab.runner import GLOO_COMPOSE
+    from byteps_prophet.cluster import Cluster, ClusterSpec
+
+    log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    spec = ClusterSpec(workers=workers, servers=servers, bandwidth=bandwidth, engine=CLUSTER_ENGINE[backend],
+                       compose=GLOO_COMPOSE if backend == "gloo" else None, netns=netns, grace=1.0)
+
+    def sink(role: str, line: str) -> None:
+        if role == "worker-0" and line.startswith("#calib"):
+            log(f"calibrate: {line[len('#calib'):].strip()}")
+
+    started = time.monotonic()
+    with Cluster(spec, output=sink, warn=log) as cluster:
+        shaped = bool(cluster.use_netns) and nominal is not None
+        log(f"calibrate: cluster up ({workers} workers, {cluster.num_servers} servers, "
+            f"{bandwidth if shaped else 'unshaped loopback'}); probing {backend}")
+        env = {"BYTEPS_PROPHET_TIMEOUT": str(int(min(timeout, 600)))}
+        result = cluster.run(probe_command(backend, nominal if shaped else None), env=env, timeout=timeout)
+    raw = parse_probe(result.output.get("worker-0", []))
+    if not result.ok or raw is None:
+        role = result.failed or "worker-0"
+        tail = " | ".join(result.output.get(role, [])[-3:])
+        raise UserError(f"calibration failed: {role}: {result.reason}; last output: {tail[-300:]}")
+    setup = {"backend": backend, "workers": workers, "servers": servers if backend != "gloo" else 0,
+             "bandwidth": bandwidth if shaped else "none", "netns": bool(shaped),
+             "nominal_bytes_per_s": nominal if shaped else None,
+             "wall_s": round(time.monotonic() - started, 2)}
+    return raw, setup
+
+
+def run(args) -> int:
+    from byteps_prophet.calibrate.fit import format_table, traits_from
+    from byteps_prophet.core.engine import engine_document, save_engine
+
+    backend, nominal = _check(args)
+    raw, setup = measure(backend, workers=args.workers, servers=args.servers, bandwidth=args.bandwidth,
+                         nominal=nominal, timeout=args.timeout, netns=False if args.no_netns else None)
+    traits, derived = traits_from(raw, nominal_bytes_per_s=setup["nominal_bytes_per_s"])
+    measured = {"setup": setup, "derived": derived, "raw": raw}
+    save_engine(args.out, traits, measured)
+    if args.json:
+        print(json.dumps(engine_document(traits, measured)))
+    else:
+        print(format_table(traits, derived, setup["nominal_bytes_per_s"]))
+        print(f"engine profile: {args.out} (calibrated in {setup['wall_s']:.0f}s)")
+    return 0

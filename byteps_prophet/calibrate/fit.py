@@ -1,0 +1,223 @@
+"""From the probe's raw timings to :class:`~byteps_prophet.core.engine.EngineTraits` (pure Python).
+
+The probe (``probe.py``) reports, per micro-benchmark, when each op was issued and when it completed
+on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate measures"):
+
+* **link rate and start-up latency**: ops of three sizes each sent onto an idle link: the core's
+  least-squares line (``core/bandwidth.py``'s ``RunningFit``) of time in flight against the bytes
+  they carry over the bottleneck (stages x link bytes) gives the rate (1 / slope); its intercept,
+  less the per-message cost on every stage, is the start-up latency;
+* **per-message cost**: ops of several sizes sent back to back. An op already in flight when the
+  previous one completed was queued on a busy link (the rule of ``backends/link.py``); the slope of
+  completion times over such ops is one service sample (link bytes, seconds) per group, and the
+  intercept of the same least-squares line through them is the cost;
+* **pulls follow pushes** (parameter servers): a small op sent just before a large one, against the
+  same op alone: it finishing only after most of the large push means its pull queued behind it;
+* **duplex**: on a parameter server, a second large op issued 1.25 push times after the first: both
+  done after 3.25 one-way transfers on a duplex link, 4 on a half-duplex one. For an all-reduce, the
+  measured rate against the shaped one;
+* **compute slowdown**: a fixed CPU workload while the engine moves bytes, over the same alone.
+
+"Link bytes" are what the busiest link carries per op in each direction: a ring all-reduce of S bytes
+over n workers moves 2(n-1)/n S over every link; a parameter server's link carries the pushes of every
+worker it serves, S * workers / servers (at least S, the worker's own link).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Mapping, Sequence
+
+from byteps_prophet.core.bandwidth import RunningFit
+from byteps_prophet.core.engine import EngineTraits
+from byteps_prophet.errors import ConfigError
+
+BACKENDS = ("byteps", "kvstore", "gloo")
+# The atoms the plugins send Prophet's slices as (torch/BytePS: BYTEPS_PROPHET_ATOM_ELEMENTS, the MXNet
+# stores: PROPHET_MXNET_ATOM_ELEMENTS; both default to a quarter of ByteScheduler's partition);
+# torch.distributed sends any slice as it is.
+DEFAULT_ATOM_ELEMENTS = 250_000
+FOLLOW_SHARE = 0.5  # of the large push's service a small op must wait for to be "behind" it
+# Two large ops, the second issued 1.25 push times after the first (probe.STAGGER): a duplex link
+# finishes both after 3.25 one-way transfers (the first's pull overlaps the second's push), a
+# half-duplex one after 4. (Issued right at the end of the first push, BytePS read 4.0 on a duplex
+# link: the first's pull request queued behind the second's push, as pulls follow pushes.)
+DUPLEX_TRANSFERS = 3.6
+DUPLEX_SHARE = 0.6  # all-reduce: measured rate at least this share of the shaped one
+
+
+def stages_of(backend: str) -> int:
+    return 1 if backend == "gloo" else 2
+
+
+def link_factor(backend: str, workers: int, servers: int) -> float:
+    """Link bytes per tensor byte (module docstring)."""
+    if workers < 1:
+        raise ConfigError(f"workers {workers} is invalid; valid: an integer >= 1")
+    if stages_of(backend) == 1:
+        return 2 * (workers - 1) / workers if workers > 1 else 1.0
+    return max(1.0, workers / max(1, servers))
+
+
+def service_samples(stream: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """One (link bytes, seconds) sample per back-to-back group: the least-squares slope of the
+    completion times against the ops' positions, over the ops that were already in flight when the one
+    before them completed. A slope, not the median gap: an engine that runs two collectives at once
+    (gloo) completes them in pairs, gaps alternating short and long, and only their mean is the link's."""
+    samples = []
+    for group in stream:
+        issued, done = group["issued"], group["done"]
+        last = 1
+        while last < len(done) and issued[last] < done[last - 1]:
+            last += 1
+        points = done[:last]
+        n = len(points)
+        if n < 2:
+            continue
+        mean_i = (n - 1) / 2
+        mean_t = sum(points) / n
+        var_i = sum((i - mean_i) ** 2 for i in range(n))
+        slope = sum((i - mean_i) * (t - mean_t) for i, t in enumerate(points)) / var_i
+        if slope > 0:
+            samples.append((float(group["link_bytes"]), slope))
+    return samples
+
+
+def fit_link(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(message_cost_s, bytes_per_s)`` from service samples: the core's least-squares line; when the
+    sizes do not spread enough to separate cost from rate, a line through the origin (cost 0)."""
+    if not samples:
+        raise ConfigError("calibration: no back-to-back completions to fit; valid: a probe output with "
+                          "'stream' groups of at least 2 ops")
+    line = RunningFit(window=max(len(samples), 1))
+    for x, y in samples:
+        line.add(x, y)
+    fitted = line.fit()
+    if fitted is not None:
+        cost, slope = fitted
+        return cost, 1.0 / slope
+    total_x = sum(x for x, _ in samples)
+    total_y = sum(y for _, y in samples)
+    if total_x <= 0 or total_y <= 0:
+        raise ConfigError("calibration: the back-to-back samples carry no bytes or took no time")
+    return 0.0, total_x / total_y
+
+
+def _median(values: Sequence[float], what: str) -> float:
+    if not values:
+        raise ConfigError(f"calibration: no {what} samples in the probe output")
+    return statistics.median(values)
+
+
+def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = None,
+                atom_elements: int | None = None) -> tuple[EngineTraits, dict[str, Any]]:
+    """The traits the probe's output ``raw`` shows, and the derived figures behind each (for the
+    profile's "measured" record). ``nominal_bytes_per_s``: the shaped rate (None: unshaped)."""
+    try:
+        backend = raw["backend"]
+        workers, servers = int(raw["workers"]), int(raw.get("servers", 0))
+        stream, alone = raw["stream"], raw["alone"]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"calibration: the probe output lacks {err}; valid: the JSON line of "
+                          f"byteps_prophet.calibrate.probe") from None
+    if backend not in BACKENDS:
+        raise ConfigError(f"calibration: backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}")
+    stages = stages_of(backend)
+    samples = service_samples(stream)
+    cost, stream_rate = fit_link(samples)
+    # The rate from ops alone on an idle link (a line through flight time against the bytes each
+    # crosses the bottleneck with): back to back, BytePS and the KVStore interleave a burst of pushes
+    # and complete the ops in bunches at its end, so completion gaps read the link at 124-170% of
+    # its shaped rate (measured at 200 and 300 Mbit/s); an op alone has no one to share with.
+    alone_line = RunningFit(window=10_000)
+    for entry in alone.values():
+        for flight in entry["flight_s"]:
+            alone_line.add(stages * float(entry["link_bytes"]), flight)
+    fitted = alone_line.fit()
+    small, big = alone["small"], alone["big"]
+    small_alone = _median(small["flight_s"], "small op alone")
+    if fitted is not None:
+        intercept, slope = fitted
+        rate = 1.0 / slope
+    else:  # the sizes alone do not spread (an old probe output): the back-to-back line
+        rate = stream_rate
+        intercept = max(0.0, small_alone - stages * small["link_bytes"] / rate)
+    cost = min(cost, intercept / stages)  # never more than what an op alone paid besides its bytes
+    startup = max(0.0, intercept - stages * cost)
+    small_service = stages * (cost + small["link_bytes"] / rate)
+
+    derived: dict[str, Any] = {
+        "service_samples": [[x, round(y, 6)] for x, y in samples],
+        "back_to_back_bytes_per_s": stream_rate, "alone_intercept_s": intercept,
+        "small_alone_s": small_alone, "small_service_s": small_service,
+    }
+    follows = False
+    if stages == 2:
+        behind = raw["behind"]
+        behind_s = _median(behind["flight_s"], "small op before a large one")
+        big_push = cost + behind["big_link_bytes"] / rate
+        extra = behind_s - small_alone
+        follows = extra > FOLLOW_SHARE * big_push
+        derived.update(behind_s=behind_s, behind_extra_s=extra, big_push_s=big_push)
+        staggered = raw.get("staggered")
+        if staggered:
+            one_way = staggered["link_bytes"] / rate
+            pair = _median(staggered["flight_s"], "two staggered large ops")
+            transfers = (pair - startup - 2 * stages * cost) / one_way
+            duplex = transfers < DUPLEX_TRANSFERS
+            derived.update(staggered_s=pair, staggered_transfers=transfers)
+        else:
+            duplex = True
+            derived["duplex_assumed"] = True
+    elif nominal_bytes_per_s:
+        duplex = rate >= DUPLEX_SHARE * nominal_bytes_per_s
+        derived["rate_share_of_nominal"] = rate / nominal_bytes_per_s
+    else:
+        duplex = True  # unshaped loopback: nothing to tell it from; recorded as assumed
+        derived["duplex_assumed"] = True
+    if nominal_bytes_per_s:
+        derived["rate_share_of_nominal"] = rate / nominal_bytes_per_s
+
+    compute = raw.get("compute") or {}
+    alone_s, busy_s = compute.get("alone_s") or [], compute.get("busy_s") or []
+    if alone_s and busy_s:
+        slowdown = statistics.median(busy_s) / statistics.median(alone_s)
+        derived.update(compute_alone_s=statistics.median(alone_s), compute_busy_s=statistics.median(busy_s),
+                       compute_ratio=slowdown)
+    else:
+        slowdown = 1.0
+        derived["compute_missing"] = True
+    slowdown = min(max(slowdown, 1.0), 9.99)
+
+    if atom_elements is None:
+        atom_elements = 0 if backend == "gloo" else DEFAULT_ATOM_ELEMENTS
+    traits = EngineTraits(
+        name=backend, stages=stages, pulls_follow_pushes=follows, message_cost_s=_round(cost),
+        startup_latency_s=_round(startup), atom_elements=int(atom_elements), duplex=bool(duplex),
+        servers=servers if stages == 2 else 0, compute_slowdown=round(slowdown, 4),
+        bandwidth_bytes_per_s=round(rate, 1),
+    )
+    return traits, derived
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.6g}") if math.isfinite(value) else value
+
+
+def format_table(traits: EngineTraits, derived: Mapping[str, Any], nominal_bytes_per_s: float | None) -> str:
+    rate = traits.bandwidth_bytes_per_s
+    nominal = (f" ({rate / nominal_bytes_per_s:.0%} of the shaped {nominal_bytes_per_s * 8 / 1e6:g} Mbit/s)"
+               if nominal_bytes_per_s else " (unshaped)")
+    rows = [
+        ("link rate", f"{rate / 1e6:.2f} MB/s = {rate * 8 / 1e6:.1f} Mbit/s{nominal}"),
+        ("per-message cost", f"{traits.message_cost_s * 1e3:.3f} ms"),
+        ("start-up latency", f"{traits.startup_latency_s * 1e3:.3f} ms"),
+        ("stages", f"{traits.stages} ({'push then pull' if traits.stages == 2 else 'all-reduce'})"),
+        ("pulls follow pushes", "yes" if traits.pulls_follow_pushes else "no"),
+        ("duplex", ("yes" if traits.duplex else "no") + (" (assumed: unshaped)" if derived.get("duplex_assumed") else "")),
+        ("servers", str(traits.servers) if traits.servers else "0 (no servers / as many as workers)"),
+        ("compute slowdown", f"{traits.compute_slowdown:.3f}x"),
+        ("atom elements", str(traits.atom_elements)),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join([f"engine {traits.name}"] + [f"  {name:<{width}}  {value}" for name, value in rows])

@@ -1,0 +1,392 @@
+"""The calibration's micro-benchmarks, run on every worker of a real cluster.
+
+    byteps-prophet cluster run ... -- python -m byteps_prophet.calibrate.probe --backend gloo|byteps|kvstore
+
+Every worker runs the same ops in the same order (collectives and parameter-server keys complete only
+when every worker sent them); worker 0 (``DMLC_WORKER_ID=0``) stamps them and prints progress lines
+(``#calib ...``) and, at the end, one JSON line ``{"calibration": {...}}`` with the raw timings that
+``fit.py`` turns into traits. Phases (each starts from a barrier, a tiny op every worker waits for):
+
+1. warm-up: every buffer synchronised once (BytePS and the KVStore set a key up on its first use);
+2. ``stream``: per size, a group of ops issued back to back, then waited for in order; two repetitions;
+3. ``alone``: a small, a middle and a large op, each sent onto an idle link (after a pause);
+4. ``staggered`` and ``behind`` (parameter servers): a second large op issued once the first's push
+   is over; a small op issued just before a large one;
+5. ``compute``: a fixed CPU workload timed alone, then while a background thread keeps the engine moving
+   bytes (every worker does both, so the workers' own competition for the cores is in both).
+
+Only the engine's own API is used (``torch.distributed`` all-reduce, ``byteps.torch`` push_pull,
+``mx.kv`` push/pull), no scheduler: what is measured is the engine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import threading
+import time
+
+# Tensor sizes of the back-to-back groups, in float32 elements (16 KB .. 2 MB: from a bias to the
+# 2 MiB chunk cap, covering the 250 k-element atoms).
+SIZES = (4_096, 16_384, 65_536, 262_144, 524_288)
+GROUP_S = 0.4  # seconds of link time a group aims at
+# At least 6 ops a group: a parameter server interleaves a burst of pushes, so its first completion
+# comes late and the rest bunch up after it; the slope over 6+ completions is its pull-side service.
+MIN_GROUP, MAX_GROUP = 6, 10
+REPS = 2
+ALONE_REPS, BIG_ALONE_REPS, BEHIND_REPS = 6, 3, 3
+PAUSE_S = 0.05  # idle time before an op that must find the link idle
+STAGGER = 1.25  # the second large op of ``staggered``, in push times after the first
+COMPUTE_UNIT_S = 0.02
+COMPUTE_REPS = 6  # per alone phase
+CYCLES = 3  # alone, busy, alone, busy, ...
+BUSY_S = 1.5
+DEFAULT_RATE = 125e6  # bytes/s assumed when the link is not shaped
+
+
+def group_size(link_bytes: float, rate: float) -> int:
+    return int(min(MAX_GROUP, max(MIN_GROUP, math.ceil(GROUP_S * rate / link_bytes))))
+
+
+# -- the engines -----------------------------------------------------------------------------------------
+class _Engine:
+    """``start(size_index, slot)`` issues one op on that buffer and returns a handle; ``wait`` blocks."""
+
+    leader = False
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = counts
+
+    def barrier(self) -> None:
+        self.wait(self.start(0, 0))
+
+
+class _Gloo(_Engine):
+    def __init__(self, counts):
+        super().__init__(counts)
+        import torch
+        import torch.distributed as dist
+
+        from byteps_prophet.backends.torch_dist import TorchDistBackend
+
+        torch.set_num_threads(1)
+        self.backend = TorchDistBackend("gloo")  # the project's rendezvous (RANK, MASTER_ADDR/PORT)
+        self.dist = dist
+        self.size = self.backend.size
+        self.bufs = [[torch.zeros(n) for _ in range(c)] for n, c in zip(SIZES, counts)]
+        self.torch = torch
+
+    def start(self, si, slot):
+        return self.dist.all_reduce(self.bufs[si][slot], async_op=True)
+
+    def wait(self, handle):
+        handle.wait()
+
+    def compute_unit(self, reps):
+        a = self._a
+        for _ in range(reps):
+            self.torch.mm(a, a)
+
+    def prepare_compute(self):
+        self._a = self.torch.randn(256, 256)
+
+    def close(self):
+        self.backend.close()
+
+
+class _BytePS(_Engine):
+    def __init__(self, counts):
+        super().__init__(counts)
+        import torch
+
+        try:
+            import byteps.torch as bps
+            import byteps.torch.ops as ops
+        except ImportError as err:
+            raise SystemExit(f"probe: byteps.torch is not importable ({err}); build it with scripts/build_byteps.sh")
+        torch.set_num_threads(1)
+        bps.init()
+        self.bps, self.ops, self.torch = bps, ops, torch
+        self.size = bps.size()
+        self.bufs, self.names = [], []
+        for si, (n, c) in enumerate(zip(SIZES, counts)):
+            self.bufs.append([torch.zeros(n) for _ in range(c)])
+            self.names.append([f"calib.{si}.{slot}" for slot in range(c)])
+            for name in self.names[-1]:
+                ops.declare(name)  # same order on every worker: the keys agree
+
+    def start(self, si, slot):
+        return self.ops.push_pull_async_inplace(self.bufs[si][slot], average=True, name=self.names[si][slot])
+
+    def wait(self, handle):
+        self.ops.synchronize(handle)
+
+    def prepare_compute(self):
+        self._a = self.torch.randn(256, 256)
+
+    def compute_unit(self, reps):
+        a = self._a
+        for _ in range(reps):
+            self.torch.mm(a, a)
+
+    def close(self):
+        self.bps.shutdown()
+
+
+class _KVStore(_Engine):
+    def __init__(self, counts):
+        super().__init__(counts)
+        import mxnet as mx
+
+        self.mx = mx
+        self.kv = mx.kv.create("dist_sync")
+        self.size = self.kv.num_workers
+        self.bufs, self.keys = [], []
+        key = 0
+        for n, c in zip(SIZES, counts):
+            self.bufs.append([mx.nd.zeros(n) for _ in range(c)])
+            self.keys.append(list(range(key, key + c)))
+            key += c
+        flat_keys = [k for ks in self.keys for k in ks]
+        flat_bufs = [b for bs in self.bufs for b in bs]
+        self.kv.init(flat_keys, flat_bufs)
+        mx.nd.waitall()
+
+    def start(self, si, slot):
+        buf, key = self.bufs[si][slot], self.keys[si][slot]
+        self.kv.push(key, buf)
+        self.kv.pull(key, out=buf)
+        return buf
+
+    def wait(self, handle):
+        handle.wait_to_read()
+
+    def prepare_compute(self):
+        self._a = self.mx.nd.random.uniform(shape=(256, 256))
+        self._a.wait_to_read()
+
+    def compute_unit(self, reps):
+        a = self._a
+        for _ in range(reps):
+            self.mx.nd.dot(a, a).wait_to_read()
+
+    def close(self):
+        self.mx.nd.waitall()
+        del self.kv
+
+
+ENGINES = {"gloo": _Gloo, "byteps": _BytePS, "kvstore": _KVStore}
+
+
+# -- the benchmarks ---------------------------------------------------------------------------------------
+class Probe:
+    def __init__(self, engine: _Engine, *, factor: float, leader: bool) -> None:
+        self.e = engine
+        self.factor = factor
+        self.leader = leader
+        self.t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def say(self, message: str) -> None:
+        if self.leader:
+            print(f"#calib {message}", flush=True)
+
+    def link_bytes(self, si: int) -> float:
+        return SIZES[si] * 4 * self.factor
+
+    def warmup(self) -> None:
+        for si, count in enumerate(self.e.counts):
+            handles = [self.e.start(si, slot) for slot in range(count)]
+            for h in handles:
+                self.e.wait(h)
+        self.e.barrier()
+
+    def stream(self) -> list[dict]:
+        groups = []
+        for rep in range(REPS):
+            for si, count in enumerate(self.e.counts):
+                self.e.barrier()
+                issued, handles = [], []
+                for slot in range(count):
+                    issued.append(self.now())
+                    handles.append(self.e.start(si, slot))
+                done = []
+                for h in handles:
+                    self.e.wait(h)
+                    done.append(self.now())
+                groups.append({"size_index": si, "tensor_bytes": SIZES[si] * 4, "link_bytes": self.link_bytes(si),
+                               "rep": rep, "issued": _r(issued), "done": _r(done)})
+        return groups
+
+    def _alone(self, si: int, reps: int) -> list[float]:
+        flights = []
+        for _ in range(reps):
+            self.e.barrier()
+            time.sleep(PAUSE_S)
+            t = self.now()
+            self.e.wait(self.e.start(si, 0))
+            flights.append(self.now() - t)
+        return flights
+
+    def alone(self) -> dict:
+        big = len(SIZES) - 1
+        return {"small": {"tensor_bytes": SIZES[0] * 4, "link_bytes": self.link_bytes(0),
+                          "flight_s": _r(self._alone(0, ALONE_REPS))},
+                "mid": {"tensor_bytes": SIZES[big - 1] * 4, "link_bytes": self.link_bytes(big - 1),
+                        "flight_s": _r(self._alone(big - 1, BIG_ALONE_REPS))},
+                "big": {"tensor_bytes": SIZES[big] * 4, "link_bytes": self.link_bytes(big),
+                        "flight_s": _r(self._alone(big, BIG_ALONE_REPS))}}
+
+    def behind(self) -> dict:
+        big = len(SIZES) - 1
+        flights = []
+        for _ in range(BEHIND_REPS):
+            self.e.barrier()
+            time.sleep(PAUSE_S)
+            t = self.now()
+            small_h = self.e.start(0, 0)
+            big_h = self.e.start(big, 0)
+            self.e.wait(small_h)
+            flights.append(self.now() - t)
+            self.e.wait(big_h)
+        return {"small_link_bytes": self.link_bytes(0), "big_link_bytes": self.link_bytes(big),
+                "flight_s": _r(flights)}
+
+    def staggered(self, alone: dict) -> dict:
+        """Two large ops, the second issued a quarter after the first's push should be over (push time:
+        half the difference between a large and a small op alone), so that the first's pull request is
+        out before the second's push (where pulls follow pushes it would otherwise queue behind it): on
+        a duplex link the first's pull overlaps the second's push (both done after about 3.25 one-way
+        transfers), on a half-duplex one they take turns (4)."""
+        big = len(SIZES) - 1
+        small_s = sorted(alone["small"]["flight_s"])[len(alone["small"]["flight_s"]) // 2]
+        big_s = sorted(alone["big"]["flight_s"])[len(alone["big"]["flight_s"]) // 2]
+        delay = STAGGER * max(0.0, (big_s - small_s) / 2)
+        flights = []
+        for _ in range(BIG_ALONE_REPS):
+            self.e.barrier()
+            time.sleep(PAUSE_S)
+            t = self.now()
+            first = self.e.start(big, 0)
+            time.sleep(delay)
+            second = self.e.start(big, 1)
+            self.e.wait(first)
+            self.e.wait(second)
+            flights.append(self.now() - t)
+        return {"link_bytes": self.link_bytes(big), "delay_s": round(delay, 6), "flight_s": _r(flights)}
+
+    def compute(self, rate: float) -> dict:
+        e = self.e
+        e.prepare_compute()
+        e.compute_unit(10)
+        per = []
+        for _ in range(5):
+            t = time.monotonic()
+            e.compute_unit(10)
+            per.append((time.monotonic() - t) / 10)
+        reps = max(1, round(COMPUTE_UNIT_S / max(min(per), 1e-6)))
+        e.barrier()
+
+        def alone_phase():
+            times = []
+            for _ in range(COMPUTE_REPS):
+                t = time.monotonic()
+                e.compute_unit(reps)
+                times.append(time.monotonic() - t)
+            return times
+
+        big = len(SIZES) - 1
+        count = e.counts[big]
+        rounds = max(1, math.ceil(BUSY_S / CYCLES * rate / (count * self.link_bytes(big))))
+        alone, busy = [], []
+        for _ in range(CYCLES):  # alternating: a drift of the machine's load hits both sides alike
+            e.barrier()
+            alone += alone_phase()
+            e.barrier()
+            busy += self._busy(reps, rounds, big, count)
+        return {"unit_reps": reps, "alone_s": _r(alone), "busy_s": _r(busy), "mover_rounds": rounds,
+                "cycles": CYCLES}
+
+    def _busy(self, reps: int, rounds: int, big: int, count: int) -> list[float]:
+        e = self.e
+        busy_until = [float("inf")]
+        failure: list[BaseException] = []
+
+        def move_bytes():
+            try:
+                for _ in range(rounds):
+                    handles = [e.start(big, slot) for slot in range(count)]
+                    for h in handles:
+                        e.wait(h)
+            except BaseException as err:  # noqa: BLE001 - reported by the main thread
+                failure.append(err)
+            busy_until[0] = time.monotonic()
+
+        mover = threading.Thread(target=move_bytes, name="calib-mover", daemon=True)
+        mover.start()
+        busy = []
+        time.sleep(0.005)
+        while mover.is_alive():
+            t = time.monotonic()
+            e.compute_unit(reps)
+            end = time.monotonic()
+            if end <= busy_until[0]:
+                busy.append(end - t)
+        mover.join()
+        if failure:
+            raise failure[0]
+        return busy
+
+
+def _r(values):
+    return [round(v, 6) for v in values]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m byteps_prophet.calibrate.probe")
+    p.add_argument("--backend", required=True, choices=sorted(ENGINES))
+    p.add_argument("--rate", type=float, default=0.0, help="the shaped link rate, bytes/s (0: not shaped)")
+    args = p.parse_args(argv)
+    workers = int(os.environ.get("DMLC_NUM_WORKER", os.environ.get("WORLD_SIZE", "1")))
+    servers = int(os.environ.get("DMLC_NUM_SERVER", "0")) if args.backend != "gloo" else 0
+    leader = os.environ.get("DMLC_WORKER_ID", os.environ.get("RANK", "0")) == "0"
+    from byteps_prophet.calibrate.fit import link_factor
+
+    factor = link_factor(args.backend, workers, servers)
+    rate = args.rate or DEFAULT_RATE
+    counts = [group_size(n * 4 * factor, rate) for n in SIZES]
+    started = time.monotonic()
+    engine = ENGINES[args.backend](counts)
+    probe = Probe(engine, factor=factor, leader=leader)
+    probe.say(f"engine {args.backend} up ({workers} workers, {servers} servers) in {time.monotonic() - started:.1f}s")
+    out = {"backend": args.backend, "workers": workers, "servers": servers, "link_factor": factor,
+           "sizes": list(SIZES), "counts": counts, "nominal_bytes_per_s": args.rate or None}
+    probe.warmup()
+    probe.say("warm-up done")
+    out["stream"] = probe.stream()
+    probe.say("back-to-back groups done")
+    out["alone"] = probe.alone()
+    probe.say("ops alone done")
+    if args.backend != "gloo":
+        out["staggered"] = probe.staggered(out["alone"])
+        probe.say("two large ops staggered by a push done")
+        out["behind"] = probe.behind()
+        probe.say("small op before a large one done")
+    out["compute"] = probe.compute(rate)
+    probe.say("compute alone and while moving bytes done")
+    engine.barrier()
+    out["elapsed_s"] = round(time.monotonic() - started, 3)
+    if leader:
+        print(json.dumps({"calibration": out}), flush=True)
+    engine.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # MXNet's and BytePS's threads can keep a finished worker alive at teardown
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Replay accuracy: does the simulator, fed with a recorded profile and the calibrated engine, predict
+each scheduler's measured step time (within 5%) and order the schedulers as the measurement does?
+
+For each real configuration of docs/AB.md and docs/MXNET.md (CONFIGS below):
+
+1. record: one short real A/B round (``byteps-prophet ab ... --record DIR --json``, under
+   ``flock /tmp/bench.lock``): every variant's profile and its measured step time
+   (workers x batch / samples per second);
+2. calibrate: once per engine (``byteps-prophet calibrate --backend B``, under the lock);
+3. replay: ``byteps-prophet simulate --profile P --scheduler S`` with the engine (``--engine E`` where
+   the simulator has it, else the engine's rate, per-message cost and start-up latency given as
+   ``--bandwidth/--overhead/--latency``), and compare.
+
+Everything the replay needs is kept under docs/replay/ (profiles, engines, measured step times), so
+``--replay-only`` re-runs step 3 without a cluster. Results: docs/replay/results.json and a table.
+
+    scripts/bench_replay.py                      # record what is missing, calibrate, replay (about 15 minutes, root)
+    scripts/bench_replay.py --replay-only        # replay what docs/replay/ holds (seconds)
+    scripts/bench_replay.py --configs gloo_vgg_1g --replay-only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "replay"
+LOCK = "/tmp/bench.lock"
+VARIANTS = ("fifo", "bytescheduler", "prophet")
+TARGET = 0.05  # relative error the issue asks for
+NOISE = 0.03  # measured differences below this are not counted against the order (one round's noise)
+
+# name -> the A/B (docs/AB.md, docs/MXNET.md), the engine that serves it, the simulator's architecture
+CONFIGS = {
+    "torch_byteps_vgg_200m": dict(
+        ab=["--framework", "torch", "--backend", "byteps", "--model", "vgg", "--batch", "16",
+            "--bandwidth", "200mbit", "--steps", "6", "--warmup", "3"],
+        engine="byteps", bandwidth="200mbit", arch="ps"),
+    "torch_gloo_vgg_1g": dict(
+        ab=["--framework", "torch", "--backend", "gloo", "--model", "vgg", "--batch", "16",
+            "--bandwidth", "1gbit", "--steps", "9", "--warmup", "3"],
+        engine="gloo", bandwidth="1gbit", arch="allreduce"),
+    "mxnet_kvstore_transformer_300m": dict(
+        ab=["--framework", "mxnet", "--backend", "kvstore", "--model", "transformer", "--batch", "24",
+            "--bandwidth", "300mbit", "--steps", "4", "--warmup", "3"],
+        engine="kvstore", bandwidth="300mbit", arch="ps"),
+    "mxnet_kvstore_transformer_1g": dict(
+        ab=["--framework", "mxnet", "--backend", "kvstore", "--model", "transformer", "--batch", "24",
+            "--bandwidth", "1gbit", "--steps", "5", "--warmup", "3"],
+        engine="kvstore", bandwidth="1gbit", arch="ps"),
+    "mxnet_byteps_transformer_200m": dict(
+        ab=["--framework", "mxnet", "--backend", "byteps", "--model", "transformer", "--width", "0.6",
+            "--batch", "24", "--bandwidth", "200mbit", "--steps", "6", "--warmup", "3"],
+        engine="byteps", bandwidth="200mbit", arch="ps"),
+}
+# Where each engine is calibrated (the bandwidth of its first configuration); other bandwidths take the
+# same per-message cost and latency, and the calibrated share of the shaped rate.
+CALIBRATE_AT = {"byteps": "200mbit", "gloo": "1gbit", "kvstore": "300mbit"}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "byteps_prophet", *args]
+
+
+def run(argv: list[str], *, locked: bool, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``argv``; a timed one under the lock. ``timeout`` counts from when it runs, not while it waits
+    for the lock (other developers' jobs can hold it for many minutes)."""
+    limit = ["timeout", "--kill-after=30", str(int(timeout))]
+    full = (["flock", LOCK] if locked else []) + limit + argv
+    log("$ " + " ".join(full))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(full, capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise SystemExit(f"bench_replay: {' '.join(argv[2:5])} failed (exit {proc.returncode}): {tail[0]}")
+    return proc
+
+
+# -- 1. record --------------------------------------------------------------------------------------------
+def record(name: str, cfg: dict, rounds: int) -> None:
+    folder = OUT / name
+    folder.mkdir(parents=True, exist_ok=True)
+    commit = git_commit()  # the code the run starts on (HEAD may move while it waits for the lock)
+    with tempfile.TemporaryDirectory(prefix="bpp-replay-") as tmp:
+        proc = run(cli("ab", *cfg["ab"], "--workers", "2", "--rounds", str(rounds), "--no-tune",
+                       "--variants", ",".join(VARIANTS), "--record", tmp, "--json"), locked=True, timeout=900)
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        c = summary["config"]
+        per_step = c["workers"] * c["batch"]
+        runs = []
+        for r in summary["runs"]:
+            profile = Path(r.get("recorded", {}).get("profile", ""))
+            if not profile.is_file():
+                raise SystemExit(f"bench_replay: {name}: {r['variant']} round {r['round']} wrote no profile")
+            kept = folder / f"{r['variant']}_r{r['round']}.profile.json"
+            data = json.loads(profile.read_text())
+            kept.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+            runs.append({"variant": r["variant"], "round": r["round"], "samples_per_s": r["samples_per_s"],
+                         "step_s": per_step / r["samples_per_s"], "profile": kept.name})
+    (folder / "measured.json").write_text(json.dumps(
+        {"command": "byteps-prophet " + " ".join(["ab", *cfg["ab"], "--workers", "2", "--rounds", str(rounds),
+                                                  "--no-tune", "--variants", ",".join(VARIANTS), "--record", "DIR"]),
+         "commit": commit, "config": c, "environment": summary.get("environment"),
+         "netns": summary.get("netns"), "runs": runs}, indent=1) + "\n")
+
+
+# -- 2. calibrate -----------------------------------------------------------------------------------------
+def calibrate(engine: str) -> None:
+    out = OUT / f"engine_{engine}.json"
+    commit = git_commit()
+    run(cli("calibrate", "--backend", engine, "--workers", "2", "--servers", "1", "--bandwidth",
+            CALIBRATE_AT[engine], "--out", str(out)), locked=True, timeout=600)
+    doc = json.loads(out.read_text())
+    doc.setdefault("measured", {})["commit"] = commit
+    out.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+
+
+# -- 3. replay --------------------------------------------------------------------------------------------
+def simulator_has_engine() -> bool:
+    proc = subprocess.run(cli("simulate", "--help"), capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    return "--engine" in proc.stdout
+
+
+def link_args(engine_file: Path, bandwidth: str, with_engine: bool, arch: str, workers: int = 2) -> list[str]:
+    """The simulator's link for a configuration: the engine's rate as its calibrated share of the shaped
+    rate, applied to this configuration's rate; without ``--engine``, the per-message cost and start-up
+    latency in the simulator's terms (sim/network.py): a parameter server charges ``--overhead`` on
+    every link a message crosses and ``--latency`` after the push and after the pull (not occupying a
+    link), so latency = start-up / 2; a ring charges both on each of its 2(n-1) steps and the latency
+    occupies the ring, so overhead = cost / 2(n-1) and no latency (the start-up overlaps ops in flight)."""
+    from byteps_prophet.units import parse_bandwidth
+
+    doc = json.loads(engine_file.read_text())
+    traits = doc["traits"]
+    nominal = doc.get("measured", {}).get("setup", {}).get("nominal_bytes_per_s")
+    share = traits["bandwidth_bytes_per_s"] / nominal if nominal and traits["bandwidth_bytes_per_s"] else 1.0
+    rate_bits = parse_bandwidth(bandwidth) * share
+    args = ["--bandwidth", f"{rate_bits:.0f}bit"]
+    if with_engine:
+        return args + ["--engine", str(engine_file)]
+    if arch == "ps":
+        overhead, latency = traits["message_cost_s"], traits["startup_latency_s"] / 2
+    else:
+        overhead, latency = traits["message_cost_s"] / (2 * (workers - 1)), 0.0
+    return args + ["--overhead", f"{overhead * 1e6:.0f}us", "--latency", f"{latency * 1e6:.0f}us"]
+
+
+def replay(names: list[str], iterations: int) -> dict:
+    with_engine = simulator_has_engine()
+    log(f"simulator {'takes --engine' if with_engine else 'has no --engine yet: --bandwidth/--overhead/--latency'}")
+    results = {"commit": git_commit(), "simulator_engine_option": with_engine, "iterations": iterations,
+               "target": TARGET, "configs": {}}
+    for name in names:
+        cfg = CONFIGS[name]
+        folder = OUT / name
+        measured_file = folder / "measured.json"
+        engine_file = OUT / f"engine_{cfg['engine']}.json"
+        if not measured_file.is_file() or not engine_file.is_file():
+            log(f"{name}: skipped, {measured_file if not measured_file.is_file() else engine_file} is missing")
+            continue
+        measured = json.loads(measured_file.read_text())
+        link = link_args(engine_file, cfg["bandwidth"], with_engine, cfg["arch"])
+        arch = ["--arch", "ps", "--servers", "1"] if cfg["arch"] == "ps" else ["--arch", "allreduce"]
+        rows = []
+        for r in measured["runs"]:
+            argv = cli("simulate", "--profile", str(folder / r["profile"]), "--workers", "2", *arch, *link,
+                       "--scheduler", r["variant"], "--iterations", str(iterations), "--json")
+            proc = run(argv, locked=False, timeout=600)
+            sim = json.loads(proc.stdout)
+            predicted = sim["results"][r["variant"]]["iter_ms"] / 1e3
+            rows.append({"variant": r["variant"], "round": r["round"], "measured_s": round(r["step_s"], 4),
+                         "predicted_s": round(predicted, 4), "error": round(predicted / r["step_s"] - 1, 4),
+                         "command": "byteps-prophet " + " ".join(str(a) for a in argv[3:])})
+        results["configs"][name] = {"rows": rows, **orders(rows), "within_target": all(abs(r["error"]) <= TARGET
+                                                                                      for r in rows)}
+    return results
+
+
+def orders(rows: list[dict]) -> dict:
+    """Variants by measured and by predicted step time (fastest first; per variant the median over
+    rounds), whether they agree, and whether they agree on every pair measured more than NOISE apart."""
+    def per_variant(key):
+        out = {}
+        for v in dict.fromkeys(r["variant"] for r in rows):
+            values = sorted(r[key] for r in rows if r["variant"] == v)
+            out[v] = values[len(values) // 2]
+        return out
+
+    meas, pred = per_variant("measured_s"), per_variant("predicted_s")
+    by_meas, by_pred = sorted(meas, key=meas.get), sorted(pred, key=pred.get)
+    beyond = all((meas[a] < meas[b]) == (pred[a] < pred[b])
+                 for a in meas for b in meas if a < b and abs(meas[a] / meas[b] - 1) > NOISE)
+    return {"measured_order": by_meas, "predicted_order": by_pred, "order_agrees": by_meas == by_pred,
+            "order_agrees_beyond_noise": beyond}
+
+
+def git_commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return proc.stdout.strip() or "unknown"
+
+
+def table(results: dict) -> str:
+    lines = ["| configuration | variant (round) | measured s/step | predicted s/step | error | order (measured / predicted) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, res in results["configs"].items():
+        order = (f"{' < '.join(res['measured_order'])} / {' < '.join(res['predicted_order'])}: "
+                 f"{'agrees' if res['order_agrees'] else 'differs'}"
+                 + ("" if res["order_agrees"] else f" ({'agrees' if res['order_agrees_beyond_noise'] else 'differs'} "
+                                                   f"beyond {NOISE:.0%})"))
+        for k, r in enumerate(res["rows"]):
+            lines.append(f"| {name if k == 0 else ''} | {r['variant']} ({r['round']}) | {r['measured_s']:.3f} | "
+                         f"{r['predicted_s']:.3f} | {r['error']:+.1%} | {order if k == 0 else ''} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
+    p.add_argument("--replay-only", action="store_true", help="no cluster: replay what docs/replay/ holds")
+    p.add_argument("--no-calibrate", action="store_true", help="record, but keep the engine files there are")
+    p.add_argument("--rerecord", action="store_true", help="record configurations docs/replay/ already holds again")
+    p.add_argument("--rounds", type=int, default=1, help="A/B rounds per configuration when recording (default 1)")
+    p.add_argument("--iterations", type=int, default=20, help="simulated iterations (default 20)")
+    p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    bad = [n for n in names if n not in CONFIGS]
+    if bad or not names:
+        print(f"bench_replay: --configs {args.configs!r}: {', '.join(bad) or 'empty'} unknown; valid: "
+              f"{', '.join(CONFIGS)}", file=sys.stderr)
+        return 2
+    if args.rounds < 1 or args.iterations < 1:
+        print("bench_replay: --rounds and --iterations must be >= 1", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT))
+    OUT.mkdir(parents=True, exist_ok=True)
+    if not args.replay_only:
+        if shutil.which("flock") is None:
+            print("bench_replay: flock is missing (util-linux); valid: --replay-only", file=sys.stderr)
+            return 2
+        for name in names:
+            if (OUT / name / "measured.json").is_file() and not args.rerecord:
+                log(f"{name}: recorded already (docs/replay/{name}/measured.json); --rerecord records it again")
+                continue
+            record(name, CONFIGS[name], args.rounds)
+        if not args.no_calibrate:
+            for engine in dict.fromkeys(CONFIGS[n]["engine"] for n in names):
+                calibrate(engine)
+    results = replay(names, args.iterations)
+    if not args.replay_only or args.configs == ",".join(CONFIGS):
+        (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps(results, indent=1) if args.json else table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""scripts/bench_replay.py's bookkeeping: the order check and the simulator's link from an engine."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from byteps_prophet.core.engine import EngineTraits, save_engine
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_replay.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_replay", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rows(measured, predicted):
+    return [{"variant": v, "measured_s": m, "predicted_s": p} for v, m, p in zip(("fifo", "bs", "prophet"), measured, predicted)]
+
+
+def test_orders_agree_only_when_the_simulator_ranks_as_measured(bench):
+    same = bench.orders(rows((3.0, 2.0, 1.0), (3.3, 2.1, 0.9)))
+    assert same["order_agrees"] and same["measured_order"] == ["prophet", "bs", "fifo"]
+    swapped = bench.orders(rows((3.0, 2.0, 1.0), (3.0, 0.9, 2.0)))
+    assert not swapped["order_agrees"] and not swapped["order_agrees_beyond_noise"]
+    # fifo and bs measured 1% apart: their swap is within one round's noise
+    close = bench.orders(rows((2.02, 2.0, 1.0), (1.9, 2.1, 1.0)))
+    assert not close["order_agrees"] and close["order_agrees_beyond_noise"]
+
+
+def test_link_args_put_the_engine_in_the_simulators_terms(bench, tmp_path):
+    path = tmp_path / "e.json"
+    traits = EngineTraits(name="byteps", stages=2, pulls_follow_pushes=True, message_cost_s=0.001,
+                          startup_latency_s=0.006, bandwidth_bytes_per_s=20e6)
+    save_engine(str(path), traits, {"setup": {"nominal_bytes_per_s": 25e6}})
+    ps = bench.link_args(path, "1gbit", False, "ps")
+    assert ps == ["--bandwidth", "800000000bit", "--overhead", "1000us", "--latency", "3000us"]
+    ring = bench.link_args(path, "200mbit", False, "allreduce", workers=2)
+    assert ring == ["--bandwidth", "160000000bit", "--overhead", "500us", "--latency", "0us"]
+    assert bench.link_args(path, "200mbit", True, "ps")[-2:] == ["--engine", str(path)]
+    assert json.loads(path.read_text())["traits"]["name"] == "byteps"

@@ -1,0 +1,155 @@
+"""The calibration's fitting and profile writing, on synthetic probe outputs of a known engine."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from byteps_prophet.calibrate.fit import fit_link, link_factor, service_samples, traits_from
+from byteps_prophet.core.engine import SCHEMA, load_engine, save_engine
+from byteps_prophet.errors import ConfigError
+
+RATE = 25e6  # bytes/s
+COST = 0.002  # s per message
+LATENCY = 0.010  # s an op waits on an idle link before its bytes move
+
+
+def group(link_bytes, count, *, pairs=False, start=0.0, shared=1):
+    """Back-to-back ops of one size on a FIFO link: all issued at once, completing one service apart
+    (``pairs``: two at a time, as gloo runs two collectives at once: same mean, alternating gaps)."""
+    service = (COST + link_bytes / RATE) * shared  # shared=2: push and pull take turns on the link
+    issued = [start + 1e-5 * i for i in range(count)]
+    done = [start + LATENCY + service * (i + 1) for i in range(count)]
+    if pairs:
+        done = [start + LATENCY + service * (i + 1 + (0.8 if i % 2 == 0 else 0)) for i in range(count)]
+    return {"link_bytes": link_bytes, "tensor_bytes": link_bytes / 2, "issued": issued, "done": done}
+
+
+def raw_output(backend="byteps", *, follows=True, duplex=True, slowdown=1.25, pairs=False):
+    stages = 1 if backend == "gloo" else 2
+    sizes = [32_768, 131_072, 524_288, 2_097_152, 4_194_304]
+    stream = [group(x, 6, pairs=pairs, start=10.0 * k, shared=1 if duplex else 2) for k, x in enumerate(sizes * 2)]
+    one = lambda x: COST + x / RATE  # noqa: E731
+    alone = lambda x, reps: {"link_bytes": x, "flight_s": [LATENCY + stages * one(x)] * reps}  # noqa: E731
+    small_alone = LATENCY + stages * one(sizes[0])
+    out = {"backend": backend, "workers": 2, "servers": 1 if stages == 2 else 0, "stream": stream,
+           "alone": {"small": alone(sizes[0], 6), "mid": alone(sizes[-2], 3), "big": alone(sizes[-1], 3)},
+           "compute": {"alone_s": [0.020, 0.021, 0.019], "busy_s": [0.020 * slowdown] * 5}}
+    if stages == 2:  # the second large op's push overlaps the first's pull on a duplex link
+        pair = LATENCY + 2 * stages * COST + (3.25 if duplex else 4) * sizes[-1] / RATE
+        out["staggered"] = {"link_bytes": sizes[-1], "flight_s": [pair] * 3}
+    if stages == 2:
+        wait = one(sizes[-1]) if follows else 0.0
+        out["behind"] = {"big_link_bytes": sizes[-1], "flight_s": [small_alone + wait] * 3}
+    return out
+
+
+def test_link_factor_counts_what_the_busiest_link_carries():
+    assert link_factor("gloo", 2, 0) == 1.0  # ring: 2(n-1)/n of the tensor over every link
+    assert link_factor("gloo", 4, 0) == 1.5
+    assert link_factor("byteps", 2, 1) == 2.0  # one server's link: every worker's push
+    assert link_factor("kvstore", 4, 2) == 2.0
+    assert link_factor("byteps", 2, 4) == 1.0  # never less than the worker's own link
+
+
+def test_fit_recovers_cost_and_rate_from_back_to_back_groups():
+    cost, rate = fit_link(service_samples(raw_output()["stream"]))
+    assert cost == pytest.approx(COST, rel=1e-6)
+    assert rate == pytest.approx(RATE, rel=1e-6)
+
+
+def test_paired_completions_give_the_mean_service_not_the_short_gaps():
+    samples = service_samples(raw_output("gloo", pairs=True)["stream"])
+    _, rate = fit_link(samples)
+    assert rate == pytest.approx(RATE, rel=0.15)  # the median gap alone read 5x the rate here
+
+
+def test_an_op_issued_after_the_previous_completed_is_no_service_sample():
+    g = {"link_bytes": 1e6, "issued": [0.0, 0.5, 0.6], "done": [0.2, 0.7, 0.8]}  # op 1 found the link idle
+    assert service_samples([g]) == []
+
+
+def test_sizes_that_do_not_spread_give_a_line_through_the_origin():
+    cost, rate = fit_link([(1e6, 0.04)] * 10)
+    assert cost == 0.0 and rate == pytest.approx(25e6)
+    with pytest.raises(ConfigError, match="no back-to-back"):
+        fit_link([])
+
+
+def test_traits_of_a_parameter_server_whose_pulls_follow_pushes():
+    traits, derived = traits_from(raw_output("byteps"), nominal_bytes_per_s=RATE)
+    assert traits.stages == 2 and traits.pulls_follow_pushes and traits.duplex
+    assert traits.message_cost_s == pytest.approx(COST, rel=1e-3)
+    assert traits.bandwidth_bytes_per_s == pytest.approx(RATE, rel=1e-3)
+    assert traits.startup_latency_s == pytest.approx(LATENCY, rel=1e-3)
+    assert traits.compute_slowdown == pytest.approx(1.25, rel=1e-3)
+    assert traits.servers == 1 and traits.atom_elements == 250_000
+    assert derived["staggered_transfers"] == pytest.approx(3.25, rel=1e-3)
+
+
+def test_pulls_that_do_not_wait_and_a_half_duplex_link_are_told_apart():
+    traits, derived = traits_from(raw_output("kvstore", follows=False, duplex=False), nominal_bytes_per_s=RATE)
+    assert not traits.pulls_follow_pushes
+    assert not traits.duplex and derived["staggered_transfers"] > 3.6
+    assert traits.bandwidth_bytes_per_s == pytest.approx(RATE, rel=1e-3)  # ops alone: the link's own rate
+
+
+def test_bunched_back_to_back_completions_do_not_inflate_the_rate():
+    raw = raw_output("byteps")
+    for g in raw["stream"]:  # a burst of pushes interleaved: everything completes at the end, in a bunch
+        g["done"] = [g["done"][-1] * 2 - 1e-4 * (len(g["done"]) - i) for i in range(len(g["done"]))]
+    traits, derived = traits_from(raw, nominal_bytes_per_s=RATE)
+    assert derived["back_to_back_bytes_per_s"] > 5 * RATE  # what completion gaps alone would have said
+    assert traits.bandwidth_bytes_per_s == pytest.approx(RATE, rel=1e-3)
+
+
+def test_gloo_is_one_stage_no_servers_no_atoms_and_never_faster_computing():
+    traits, derived = traits_from(raw_output("gloo", slowdown=0.8), nominal_bytes_per_s=RATE)
+    assert traits.stages == 1 and not traits.pulls_follow_pushes
+    assert traits.servers == 0 and traits.atom_elements == 0
+    assert traits.compute_slowdown == 1.0 and derived["compute_ratio"] == pytest.approx(0.8)
+    assert traits.duplex  # the measured rate is the shaped one
+    slow, _ = traits_from(raw_output("gloo"), nominal_bytes_per_s=RATE * 3)
+    assert not slow.duplex  # a third of the shaped rate: both directions share it
+
+
+@pytest.mark.parametrize("broken, message", [
+    ({"backend": "nccl"}, "backend 'nccl' is unknown"),
+    ({"stream": None}, "lacks"),
+])
+def test_a_malformed_probe_output_is_a_one_line_error(broken, message):
+    raw = raw_output()
+    raw.update(broken)
+    if raw["stream"] is None:
+        del raw["stream"]
+    with pytest.raises(ConfigError, match=message):
+        traits_from(raw)
+
+
+def test_the_profile_written_loads_back_with_its_raw_samples(tmp_path):
+    raw = raw_output("byteps")
+    traits, derived = traits_from(raw, nominal_bytes_per_s=RATE)
+    path = tmp_path / "engine.json"
+    save_engine(str(path), traits, {"setup": {"backend": "byteps"}, "derived": derived, "raw": raw})
+    assert load_engine(str(path)) == traits
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == SCHEMA and doc["measured"]["raw"]["stream"][0]["done"]
+
+
+def test_a_malformed_engine_profile_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "traits": {"stages": 3}}))
+    with pytest.raises(ConfigError, match="stages"):
+        load_engine(str(path))
+
+
+def test_cli_misuse_exits_2_with_one_line(tmp_path):
+    for argv, culprit in ((["--backend", "nccl"], "byteps, kvstore, gloo"),
+                          (["--backend", "gloo", "--workers", "1"], "--workers 1"),
+                          (["--backend", "gloo", "--bandwidth", "fast"], "fast"),
+                          (["--backend", "gloo", "--out", str(tmp_path / "no" / "x.json")], "--out")):
+        proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "calibrate", *argv],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and culprit in lines[0], proc.stderr
