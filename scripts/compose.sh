@@ -162,6 +162,7 @@ compare() {
   local rounds=${1:-3} i out start rc
   build
   [[ -x $PYTHON ]] || die "compare needs the project's venv ($PYTHON) for the netns cluster"
+  trap down EXIT
   say "compare: $rounds rounds, ENGINE=${ENGINE:-byteps}, TRAIN_MODEL=${TRAIN_MODEL:-resnet}, TRAIN_STEPS=${TRAIN_STEPS:-10}, LINK_BANDWIDTH=${LINK_BANDWIDTH:-1gbit}"
   printf '%-6s %-8s %14s %10s %6s\n' round where samples/s wall_s rc
   for ((i = 1; i <= rounds; i++)); do
