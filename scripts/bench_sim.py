@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Simulator benchmark: the scheduler grid, a changing-conditions run, decision cost, simulator speed.
+"""Simulator benchmark: the scheduler grid, a changing-conditions run, decision cost, simulator speed,
+and the scale grid (calibrated engines, 2-256 workers, stragglers, fewer servers).
 
 Writes one JSON file (default out/bench_sim.json) and prints a summary. Every cell runs FIFO,
 ByteScheduler with the default credit and with the best credit of a sweep, Prophet (default and
@@ -224,7 +225,9 @@ def scale_grid(engines: dict, iterations: int, models=("resnet50", "vgg16")) -> 
     for m, arch, case, w, g in tqdm(cells, desc="scale"):
         spec = get_model(m)
         layers = layers_from(spec, compute_times(spec, spec.default_batch))
-        cluster = ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT, engine=engines[arch], **SCALE_CASES[case](w))
+        # as many servers as workers unless the case says otherwise (the engine was calibrated on one)
+        changes = {"servers": w if arch == "ps" else None, **SCALE_CASES[case](w)}
+        cluster = ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT, engine=engines[arch], **changes)
         c = compare(layers, cluster, ["bytescheduler", "prophet"], iterations=iterations, warmup=warmup)
         r = {name: res.iter_s * 1e3 for name, res in c.results.items()}
         rows.append({"model": m, "arch": arch, "case": case, "workers": w, "gbit": g, "best_credit": c.best_credit,
@@ -313,10 +316,12 @@ def main() -> None:
     ap.add_argument("--parts", default=",".join(PARTS),
                     help="comma-separated parts to run (grid, changing, decision, speed, scale); the others are "
                          "kept from an existing --out file, so the timed parts can run alone under a lock")
-    ap.add_argument("--engine-ps", default="byteps", metavar="FILE",
-                    help="engine profile of the scale part's parameter server (default: the byteps preset)")
-    ap.add_argument("--engine-allreduce", default="gloo", metavar="FILE",
-                    help="engine profile of the scale part's all-reduce (default: the gloo preset)")
+    ap.add_argument("--engine-ps", default="docs/engines/byteps.json", metavar="FILE",
+                    help="engine profile of the scale part's parameter server (default: the calibrated BytePS, "
+                         "docs/engines/byteps.json)")
+    ap.add_argument("--engine-allreduce", default="docs/engines/gloo.json", metavar="FILE",
+                    help="engine profile of the scale part's all-reduce (default: the calibrated gloo, "
+                         "docs/engines/gloo.json)")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if parts == ["none"]:  # only rewrite --compact from --out

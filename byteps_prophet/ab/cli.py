@@ -33,7 +33,11 @@ def register(subparsers) -> None:
     p.add_argument("--variants", default=",".join(("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")),
                    help="comma-separated subset of fifo, bytescheduler, bytescheduler_tuned, prophet; and the "
                         "limit's references, not run by default: compute_only (every worker trains alone, no "
-                        "communication), comm_only (only the gradients' synchronisation, no compute; not for mxnet/byteps)")
+                        "communication), comm_only (only the gradients' synchronisation, no compute; not for mxnet/byteps); "
+                        "and what a torch user runs instead: ddp, ddp_tuned (torch DistributedDataParallel, default "
+                        "bucket and the best of --bucket-sweep; torch/gloo), byteps_stock (BytePS's own optimizer; torch/byteps)")
+    p.add_argument("--bucket-sweep", default="0.5,1,2,5,10,25,50", metavar="MB,MB,...",
+                   help="DDP bucket sizes the ddp_tuned variant's tuning run tries, --tune-steps steps each")
     p.add_argument("--record", default=None, metavar="DIR",
                    help="write each run's profile (for `simulate --profile`) and rank-0 event trace (MXNet: the store's "
                         "timeline) into DIR")
@@ -62,7 +66,7 @@ def run(args) -> int:
                    bandwidth_schedule=[s.strip() for s in args.bandwidth_schedule.split(",") if s.strip()],
                    tune=not args.no_tune and "bytescheduler_tuned" in variants, tune_probe_steps=args.tune_steps, tune_probes=args.tune_probes,
                    timeout=args.timeout, netns=False if args.no_netns else None, record=args.record,
-                   variants=variants)
+                   variants=variants, bucket_sweep=args.bucket_sweep)
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency

@@ -7,6 +7,14 @@ interleaved: each round runs every variant once, in an order rotated from round 
 cluster (same namespaces and links), so slow drift of the machine hits all variants alike. Before the
 rounds, one tuning run finds ByteScheduler's best credit with ``CreditTuner`` (Bayesian optimisation
 over short probes inside one job, on rank 0, at the starting bandwidth).
+
+Opt-in variants that are not schedules but what a torch user runs instead (``BASELINES``): ``ddp``
+(torch DistributedDataParallel with its default 25 MB bucket, gloo) and ``ddp_tuned`` (the bucket a
+sweep found fastest: one tuning run before the rounds, as for the credit, ``--bucket-sweep``);
+``byteps_stock`` (BytePS's own DistributedOptimizer: each worker pushes every gradient as its hook
+fires, BytePS cuts and queues them, no cross-worker order; the ``fifo`` variant on BytePS is not that:
+it is byteps_prophet's optimizer with FIFO order, rank 0's order followed by the others, and the
+layer-wise update and overlap).
 """
 from __future__ import annotations
 
@@ -29,7 +37,11 @@ VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
 # BytePS-MXNet). A parameter-server schedule that cuts tensors so push and pull overlap can beat the
 # second (measured on the KVStore, docs/history/AB-notebook.md section 7); compute alone and the nominal link it cannot.
 COMPUTE_ONLY, COMM_ONLY = "compute_only", "comm_only"
-CHOICES = VARIANTS + (COMPUTE_ONLY, COMM_ONLY)
+DDP, DDP_TUNED, BYTEPS_STOCK = "ddp", "ddp_tuned", "byteps_stock"
+BASELINES = (DDP, DDP_TUNED, BYTEPS_STOCK)
+BASELINE_BACKENDS = {DDP: ("torch", "gloo"), DDP_TUNED: ("torch", "gloo"), BYTEPS_STOCK: ("torch", "byteps")}
+BUCKET_SWEEP_MB = "0.5,1,2,5,10,25,50"
+CHOICES = VARIANTS + BASELINES + (COMPUTE_ONLY, COMM_ONLY)
 REFERENCES = (COMPUTE_ONLY, COMM_ONLY)
 BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
 MXNET_SCALABLE = ("vgg", "transformer", "mlp")  # = mxnet.models.SCALABLE, without importing mxnet
@@ -61,6 +73,7 @@ class ABConfig:
     netns: bool | None = None
     variants: tuple[str, ...] = VARIANTS
     record: str | None = None  # directory: each run's profile and rank-0 trace (<variant>_r<round>.*.json)
+    bucket_sweep: str = BUCKET_SWEEP_MB  # ddp_tuned: DDP's bucket_cap_mb values tried, MB
 
     def validate(self) -> None:
         if self.framework not in BACKENDS:
@@ -87,12 +100,26 @@ class ABConfig:
 
         for rate in [self.bandwidth, *self.bandwidth_schedule]:
             parse_bandwidth(rate)  # raises a one-line error naming the value
+        for name in BASELINES:
+            if name in self.variants and (self.framework, self.backend) != BASELINE_BACKENDS[name]:
+                framework, backend = BASELINE_BACKENDS[name]
+                raise UserError(f"--variants {name} needs --framework {framework} --backend {backend}; valid here: "
+                                f"{', '.join(v for v in CHOICES if BASELINE_BACKENDS.get(v, (self.framework, self.backend)) == (self.framework, self.backend))}")
+        if DDP_TUNED in self.variants:
+            try:
+                sweep = [float(v) for v in self.bucket_sweep.split(",") if v.strip()]
+            except ValueError:
+                sweep = []
+            if not sweep or min(sweep) <= 0:
+                raise UserError(f"--bucket-sweep {self.bucket_sweep!r} is invalid; valid: positive sizes in MB, "
+                                f"comma-separated, e.g. {BUCKET_SWEEP_MB}")
         if COMM_ONLY in self.variants and self.framework == "mxnet" and self.backend != "kvstore":
             raise UserError(f"--variants {COMM_ONLY} needs --backend kvstore with --framework mxnet; valid here: "
                             f"{', '.join(v for v in CHOICES if v != COMM_ONLY)}")
 
 
-def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, variant: str = "") -> list[str]:
+def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, variant: str = "",
+                  tune_bucket: bool = False, bucket_mb: float | None = None) -> list[str]:
     backend = "local" if variant == COMPUTE_ONLY else cfg.backend
     argv = [sys.executable, "-m", f"byteps_prophet.{cfg.framework}.bench", "--model", cfg.model,
             "--batch", str(cfg.batch), "--steps", str(cfg.steps), "--warmup", str(cfg.warmup),
@@ -105,11 +132,21 @@ def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, 
         argv += ["--tune-credit", str(cfg.tune_probe_steps), "--tune-probes", cfg.tune_probes]
     if variant == COMM_ONLY:
         argv.append("--comm-only")
+    if tune_bucket:
+        argv += ["--tune-bucket", str(cfg.tune_probe_steps), "--bucket-sweep", cfg.bucket_sweep]
+    elif variant in (DDP, DDP_TUNED):
+        argv.append("--ddp")
+        if variant == DDP_TUNED:
+            if bucket_mb is None:
+                raise UserError("ddp_tuned needs a tuned bucket; run with its tuning run")
+            argv += ["--bucket-mb", f"{bucket_mb:g}"]
+    if variant == BYTEPS_STOCK:
+        argv.append("--stock-byteps")
     return argv
 
 
 def variant_env(variant: str, tuned_credit: int | None) -> dict[str, str]:
-    if variant in REFERENCES:
+    if variant in REFERENCES or variant in BASELINES:
         return {"BYTEPS_SCHEDULER": "fifo"}
     env = {"BYTEPS_SCHEDULER": "bytescheduler" if variant.startswith("bytescheduler") else variant}
     if variant == "bytescheduler_tuned":
@@ -127,7 +164,7 @@ def parse_result(lines: list[str]) -> dict | None:
                 data = json.loads(line)
             except ValueError:
                 continue
-            if "samples_per_s" in data or "best_credit" in data:
+            if "samples_per_s" in data or "best_credit" in data or "best_bucket_mb" in data:
                 return data
     return None
 
@@ -140,6 +177,7 @@ class ABRunner:
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.runs: list[dict] = []
         self.tuning: dict | None = None
+        self.ddp_tuning: dict | None = None
         self.warnings: list[str] = []
         self.environment = run_environment()
         self._check_warmup()
@@ -179,9 +217,10 @@ class ABRunner:
         env["BYTEPS_PROPHET_TIMEOUT"] = str(int(min(self.cfg.timeout, 600)))
         return env
 
-    def _one(self, cluster, variant: str, tune: bool = False, tag: str = "") -> dict:
+    def _one(self, cluster, variant: str, tune: bool = False, tag: str = "", tune_bucket: bool = False) -> dict:
         cfg = self.cfg
         reference = variant in REFERENCES  # a limit, measured at the starting bandwidth
+        tune = tune or tune_bucket
         schedule = list(cfg.bandwidth_schedule) if not tune and not reference else []
         changes: list[tuple[float, str]] = []
         if schedule and cluster.use_netns:
@@ -202,10 +241,12 @@ class ABRunner:
                         cluster.set_bandwidth(rate)
                     changes.append((round(time.monotonic() - started, 3), rate))
 
-        command = bench_command(cfg, progress=bool(schedule), tune=tune, variant=variant)
+        command = bench_command(cfg, progress=bool(schedule), tune=tune and not tune_bucket, variant=variant,
+                                tune_bucket=tune_bucket,
+                                bucket_mb=self.ddp_tuning and self.ddp_tuning.get("best_bucket_mb"))
         env = self._env(variant)
         recorded = {}
-        if cfg.record and not tune and not reference:
+        if cfg.record and not tune and not reference and variant not in BASELINES:
             base = os.path.join(os.path.abspath(cfg.record), f"{variant}{tag}")
             recorded = {"profile": base + ".profile.json", "trace": base + ".trace.json"}
             env["BYTEPS_PROPHET_PROFILE"] = recorded["profile"]
@@ -229,7 +270,8 @@ class ABRunner:
     def run(self) -> dict:
         cfg = self.cfg
         variants = [v for v in cfg.variants if v != "bytescheduler_tuned" or cfg.tune]
-        total = len(variants) * cfg.rounds + (1 if cfg.tune else 0)
+        tune_ddp = DDP_TUNED in variants
+        total = len(variants) * cfg.rounds + (1 if cfg.tune else 0) + (1 if tune_ddp else 0)
         bar = self.progress(total=total, desc="ab", unit="run") if self.progress else None
         if cfg.record:
             os.makedirs(cfg.record, exist_ok=True)
@@ -241,6 +283,12 @@ class ABRunner:
                 if bar:
                     bar.set_postfix_str("tuning credit")
                 self.tuning = self._one(cluster, "bytescheduler", tune=True)
+                if bar:
+                    bar.update()
+            if tune_ddp:
+                if bar:
+                    bar.set_postfix_str("sweeping DDP's bucket")
+                self.ddp_tuning = self._one(cluster, DDP, tune_bucket=True)
                 if bar:
                     bar.update()
             for r in range(cfg.rounds):
@@ -259,15 +307,19 @@ class ABRunner:
 
     def summary(self) -> dict:
         return summarize(self.cfg, self.runs, netns=getattr(self, "netns", None), environment=self.environment,
-                         tuning=self.tuning, warnings=self.warnings)
+                         tuning=self.tuning, warnings=self.warnings, ddp_tuning=getattr(self, "ddp_tuning", None))
 
 
 PAIRS = (("prophet", "fifo"), ("prophet", "bytescheduler"), ("prophet", "bytescheduler_tuned"),
-         ("bytescheduler", "fifo"), ("bytescheduler_tuned", "fifo"))
+         ("bytescheduler", "fifo"), ("bytescheduler_tuned", "fifo"),
+         # against what a torch user runs instead (BASELINES)
+         ("prophet", DDP), ("prophet", DDP_TUNED), ("fifo", DDP), ("bytescheduler", DDP),
+         ("bytescheduler_tuned", DDP), (DDP_TUNED, DDP), ("prophet", BYTEPS_STOCK), ("fifo", BYTEPS_STOCK),
+         ("bytescheduler", BYTEPS_STOCK))
 
 
 def summarize(cfg: ABConfig, runs: list[dict], *, netns: bool | None, environment: dict, tuning: dict | None,
-              warnings: list[str]) -> dict:
+              warnings: list[str], ddp_tuning: dict | None = None) -> dict:
     """The A/B's JSON object: per variant its median samples/s and spread, per pair of variants the
     median of their per-round ratios with its interval (stats.py), and the limit."""
     results = {}
@@ -282,9 +334,12 @@ def summarize(cfg: ABConfig, runs: list[dict], *, netns: bool | None, environmen
             speedups[f"{a}/{b}"] = speedup(ratios, results[a]["samples_per_s"] / results[b]["samples_per_s"])
     config = asdict(cfg)
     config["variants"] = list(config["variants"])
-    return {"config": config, "environment": environment, "netns": netns,
-            "results": results, "speedups": speedups, "limit": limit(cfg, runs, results, netns),
-            "tuning": tuning, "warnings": warnings, "runs": runs}
+    out = {"config": config, "environment": environment, "netns": netns,
+           "results": results, "speedups": speedups, "limit": limit(cfg, runs, results, netns),
+           "tuning": tuning, "warnings": warnings, "runs": runs}
+    if ddp_tuning is not None:
+        out["ddp_tuning"] = ddp_tuning
+    return out
 
 
 def limit(cfg: ABConfig, runs: list[dict], results: dict, netns: bool | None) -> dict | None:
@@ -348,7 +403,7 @@ def pool(paths: list[str]) -> dict:
         runs += [dict(run, round=renumber[run["round"]]) for run in file_runs]
         offset += len(rounds)
         sources.append({"path": path, "rounds": len(rounds), "steps": summary["config"].get("steps"),
-                        "tuning": summary.get("tuning")})
+                        "tuning": summary.get("tuning"), "ddp_tuning": summary.get("ddp_tuning")})
     fields = ABConfig.__dataclass_fields__
     cfg = ABConfig(**{k: v for k, v in first_config.items() if k in fields})
     cfg.variants = tuple(dict.fromkeys(run["variant"] for run in runs))
@@ -400,6 +455,11 @@ def format_table(summary: dict) -> str:
         t = summary["tuning"]
         lines.append(f"tuned credit: {t.get('best_credit')} elements ({len(t.get('probes', []))} probes, "
                      f"bounds {t.get('credit_bounds')})")
+    if summary.get("ddp_tuning"):
+        t = summary["ddp_tuning"]
+        sweep = ", ".join(f"{mb:g} MB {s:.3f} s" for mb, s in t.get("probes", []))
+        lines.append(f"ddp_tuned bucket: {t.get('best_bucket_mb'):g} MB, the fastest of the sweep "
+                     f"(s per step: {sweep}); ddp: DDP's default 25 MB")
     limit = summary.get("limit")
     if limit:
         parts = []
@@ -439,7 +499,7 @@ def plot(summary: dict, path: str) -> None:
     hi = [summary["results"][n]["max"] - m for n, m in zip(names, med)]
     fig, ax = plt.subplots(figsize=(7, 4))
     colors = {"fifo": "#888", "bytescheduler": "#59c", "bytescheduler_tuned": "#37a", "prophet": "#d62",
-              COMPUTE_ONLY: "#ccc", COMM_ONLY: "#ccc"}
+              COMPUTE_ONLY: "#ccc", COMM_ONLY: "#ccc", DDP: "#6a6", DDP_TUNED: "#383", BYTEPS_STOCK: "#aaa"}
     ax.bar(names, med, yerr=[lo, hi], capsize=6, color=[colors.get(n, "#888") for n in names])
     limit = summary.get("limit")
     if limit:

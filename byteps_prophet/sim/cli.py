@@ -33,7 +33,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=_positive_int, help="per-worker batch (default: the model's, 32)")
     p.add_argument("--device", default="v100", help="compute device of the cost model (v100, a100, h100, cpu)")
     p.add_argument("--scheduler", default="all",
-                   help="comma-separated: fifo, bytescheduler, prophet; or all (default)")
+                   help="comma-separated: fifo, bytescheduler, prophet; or all (default, these three); and the "
+                        "baselines ddp (DDP's buckets, default and best of a sweep), horovod (tensor fusion)")
     p.add_argument("--iterations", type=_positive_int, default=30, help="simulated iterations (default 30)")
     p.add_argument("--jitter", type=float, default=0.0,
                    help="per-worker compute jitter per iteration, as a fraction (0.05 = 5%%; default 0)")
@@ -177,4 +178,6 @@ def _print_table(out: dict) -> None:
     for name, r in out["results"].items():
         speedup = f"{fifo / r['iter_ms']:.3f}x" if fifo else "-"
         label = f"{name} (credit {r['credit']:,})" if "credit" in r else name
+        if "bucket_bytes" in r:
+            label = f"{name} (bucket {r['bucket_bytes'] / 2**20:g} MiB)"
         print(f"{label:<34}{r['iter_ms']:>10.2f}{r['ratio_to_lower_bound']:>9.3f}{speedup:>17}")

@@ -164,7 +164,7 @@ class Simulation:
     # -- compute ---------------------------------------------------------------------------------------
     def _compute_time(self, seconds: float) -> float:
         factor = self._pace * self.conditions.compute_factor(self.loop.time)
-        if self.scheduler.in_flight_count:  # the engine's threads share the cores
+        if self.network.in_flight:  # the engine's threads share the cores
             factor *= self.network.traits.compute_slowdown
         return seconds * factor
 

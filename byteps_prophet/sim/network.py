@@ -58,11 +58,22 @@ class _Network:
         self.overhead = traits.message_cost_s
         self._schedule, self._now = schedule, now
         self.on_finished: Callable = lambda task: None
+        self.in_flight = 0  # messages sent and not yet finished
+
+    def _done_at(self, when: float, task) -> None:
+        self._schedule(when, self._finished, task)
+
+    def _finished(self, task) -> None:
+        self.in_flight -= 1
+        self.on_finished(task)
 
     def _messages(self, task) -> int:
         """Messages the engine sends for ``task``: one, or one per fixed atom it covers."""
         atom = self.traits.atom_elements
-        return max(1, math.ceil(task.numel / atom)) if atom else 1
+        if not atom:
+            return 1
+        numel = getattr(task, "numel", task.nbytes // 4)  # a fused collective counts float32 elements
+        return max(1, math.ceil(numel / atom))
 
 
 class _Timeline:
@@ -89,6 +100,7 @@ class ParameterServerNetwork(_Network):
         self._down = _Timeline() if traits.duplex else self._up
 
     def send(self, task) -> None:
+        self.in_flight += 1
         nbytes, cost = task.nbytes, self.overhead * self._messages(task)
         up = self._up
         up_start = max(self._now() + self.traits.startup_latency_s, up.free)
@@ -116,7 +128,7 @@ class ParameterServerNetwork(_Network):
         down = self._down
         down_start = max(ready, down.free)
         down.free = pulled = max(egress_end, down_start + cost + egress_wire)
-        self._schedule(pulled + self.latency, self.on_finished, task)
+        self._done_at(pulled + self.latency, task)
 
     def sync_time(self, nbytes: int, bandwidth: float) -> float:
         """Least time to push and pull ``nbytes`` on an idle network, however finely it is cut: at
@@ -146,9 +158,10 @@ class RingAllReduceNetwork(_Network):
         return 2 * (n - 1) * (self.overhead * messages + self.latency) + 2 * (n - 1) / n * nbytes / bandwidth
 
     def send(self, task) -> None:
+        self.in_flight += 1
         start = max(self._now() + self.traits.startup_latency_s, self._free)
         self._free = start + self._duration(task.nbytes, self.conditions.bandwidth(start), self._messages(task))
-        self._schedule(self._free, self.on_finished, task)
+        self._done_at(self._free, task)
 
     def sync_time(self, nbytes: int, bandwidth: float) -> float:
         return self._duration(nbytes, bandwidth)

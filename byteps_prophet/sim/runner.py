@@ -5,7 +5,9 @@ Results are keyed as the CLI's JSON reports them:
 * ``fifo``;
 * ``bytescheduler`` (the default credit) and ``bytescheduler_best`` (the best credit of a sweep over
   ``CREDIT_SWEEP``: a fair A/B gives ByteScheduler its best credit, docs/ALGORITHMS.md section 2);
-* ``prophet`` (default, work-conserving mode) and ``prophet_paper`` (section 3 exactly).
+* ``prophet`` (default, work-conserving mode) and ``prophet_paper`` (section 3 exactly);
+* opt-in baselines that are not schedulers (``sim/baselines.py``): ``ddp`` and ``ddp_best`` (the best
+  bucket of a sweep), ``horovod``.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Callable, Iterable, Sequence
 
 from byteps_prophet.core import Settings
 from byteps_prophet.errors import UserError
+from byteps_prophet.sim.baselines import BASELINE_VARIANTS, best_bucket, simulate_baseline
 from byteps_prophet.sim.engine import ClusterSpec, Layer, SimResult, Simulation, lower_bound_s
 
 SCHEDULER_CHOICES = ("fifo", "bytescheduler", "prophet")
@@ -27,6 +30,7 @@ VARIANTS = {
     "prophet": ("prophet", "prophet_paper"),
 }
 CREDIT_SWEEP = tuple(250_000 * 2**k for k in range(10))  # 0.25M .. 128M elements
+VARIANTS.update(BASELINE_VARIANTS)  # what a torch user runs instead (opt-in: ``all`` stays the three)
 
 
 @dataclass
@@ -36,16 +40,19 @@ class Comparison:
     results: dict[str, SimResult] = field(default_factory=dict)
     best_credit: int | None = None
     sweep: dict[int, float] = field(default_factory=dict)  # credit -> iteration seconds
+    best_bucket: int | None = None  # ddp_best's bucket, bytes
+    bucket_sweep: dict[int, float] = field(default_factory=dict)  # bucket bytes -> iteration seconds
 
 
 def parse_schedulers(text: str) -> list[str]:
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     if names == ["all"]:
         return list(SCHEDULER_CHOICES)
-    bad = [n for n in names if n not in SCHEDULER_CHOICES]
+    names = list(dict.fromkeys(m for n in names for m in (SCHEDULER_CHOICES if n == "all" else (n,))))
+    bad = [n for n in names if n not in VARIANTS]
     if bad or not names:
         raise UserError(f"scheduler {', '.join(bad) or repr(text)} is unknown; valid: "
-                        f"{', '.join(SCHEDULER_CHOICES)} (comma-separated) or all")
+                        f"{', '.join(VARIANTS)} (comma-separated; all = {', '.join(SCHEDULER_CHOICES)})")
     return names
 
 
@@ -73,6 +80,14 @@ def compare(layers: Sequence[Layer], cluster: ClusterSpec, schedulers: Iterable[
     for choice in schedulers:
         for name in VARIANTS[choice]:
             tick(name)
+            if name in ("ddp", "ddp_best", "horovod"):
+                bucket = {}
+                if name == "ddp_best":
+                    comparison.best_bucket, comparison.bucket_sweep = best_bucket(layers, cluster, iterations, warmup)
+                    bucket = {"bucket_bytes": comparison.best_bucket}
+                comparison.results[name] = simulate_baseline(name, layers, cluster, iterations, warmup,
+                                                             trace_iteration, **bucket)
+                continue
             if name == "bytescheduler_best":
                 for credit in CREDIT_SWEEP:
                     comparison.sweep[credit] = run(variant_settings("bytescheduler", base).replace(credit=credit),
@@ -94,6 +109,8 @@ def report(comparison: Comparison, **header) -> dict:
                  "ratio_to_lower_bound": round(result.iter_s / bound, 4)}
         if name == "bytescheduler_best":
             entry["credit"] = comparison.best_credit
+        if name == "ddp_best":
+            entry["bucket_bytes"] = comparison.best_bucket
         results[name] = entry
     out = dict(header)
     out["lower_bound_ms"] = round(bound * 1e3, 4)
@@ -101,6 +118,8 @@ def report(comparison: Comparison, **header) -> dict:
     out["results"] = results
     if comparison.sweep:
         out["credit_sweep_ms"] = {str(c): round(t * 1e3, 4) for c, t in comparison.sweep.items()}
+    if comparison.bucket_sweep:
+        out["bucket_sweep_ms"] = {str(b): round(t * 1e3, 4) for b, t in comparison.bucket_sweep.items()}
     return out
 
 

@@ -3,6 +3,7 @@
     python -m byteps_prophet.torch.bench --model vgg --batch 16 --steps 20 [--warmup 5]
         [--backend gloo|byteps|local] [--threads 1] [--width 1.0] [--lr 0.01]
         [--profile PATH] [--progress] [--tune-credit PROBE_STEPS] [--dump PATH] [--comm-only]
+        [--ddp [--bucket-mb MB] | --tune-bucket PROBE_STEPS [--bucket-sweep MB,MB,...]] [--stock-byteps]
 
 Scheduler and knobs come from the environment (``BYTEPS_SCHEDULER``, ``BYTESCHEDULER_*``,
 ``PROPHET_*``); rank and world size from ``RANK``/``WORLD_SIZE`` or ``DMLC_WORKER_ID``/
@@ -19,6 +20,15 @@ With ``--tune-credit P`` the run instead tunes ByteScheduler's credit on rank 0 
 ``best_credit`` and ``probes``. With ``--comm-only`` a step is only the synchronisation of every
 gradient (model-shaped buffers, all issued at once in backward order, then waited for): no compute,
 no scheduler; the A/B runner's ``comm_only`` limit. Invalid settings exit 2 with one line on stderr.
+
+What a torch user runs instead, on the same model, batches, threads and timing, with the user's
+optimizer stepped after the whole backward (no scheduler, no layer-wise update or overlap):
+``--ddp`` wraps the model in ``torch.nn.parallel.DistributedDataParallel`` on the gloo (or NCCL)
+group, with its default bucket or ``--bucket-mb MB``; ``--tune-bucket P`` instead runs every bucket
+of ``--bucket-sweep`` (a fresh DDP each: one step not scored, then P steps) and the JSON line carries
+``best_bucket_mb`` and ``probes``; ``--stock-byteps`` (BytePS backend, ``BYTEPS_SCHEDULER=fifo``)
+uses BytePS's own ``byteps.torch.DistributedOptimizer``: every gradient pushed and pulled as its
+hook fires, cut and queued by BytePS itself, each worker on its own (no cross-worker order).
 """
 from __future__ import annotations
 
@@ -50,7 +60,29 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=None, help="accepted for symmetry with the runner")
     p.add_argument("--comm-only", action="store_true",
                    help="time only the synchronisation of the model's gradients (no compute, no scheduler)")
+    p.add_argument("--ddp", action="store_true", help="torch DistributedDataParallel instead of a scheduler")
+    p.add_argument("--bucket-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: DDP's own, 25)")
+    p.add_argument("--tune-bucket", type=int, default=0, metavar="PROBE_STEPS",
+                   help="time DDP with every bucket of --bucket-sweep, PROBE_STEPS steps each")
+    p.add_argument("--bucket-sweep", default=",".join(map(str, BUCKET_SWEEP_MB)), help="MB, comma-separated")
+    p.add_argument("--stock-byteps", action="store_true",
+                   help="BytePS's own DistributedOptimizer (backend byteps, BYTEPS_SCHEDULER=fifo)")
     return p.parse_args(argv)
+
+
+BUCKET_SWEEP_MB = (0.5, 1, 2, 5, 10, 25, 50)
+
+
+def _bucket_sweep(text: str) -> list[float]:
+    from byteps_prophet.errors import UserError
+
+    try:
+        sweep = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        sweep = []
+    if not sweep or min(sweep) <= 0:
+        raise UserError(f"--bucket-sweep {text!r} is invalid; valid: positive sizes in MB, comma-separated")
+    return sweep
 
 
 def main(argv=None) -> int:
@@ -66,8 +98,13 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     from byteps_prophet.core import Settings
+    from byteps_prophet.errors import UserError
 
     settings = Settings.from_env()  # validate first: a bad value stops the job before any work
+    ddp = args.ddp or bool(args.tune_bucket)
+    sweep = _bucket_sweep(args.bucket_sweep) if args.tune_bucket else []
+    if args.bucket_mb is not None and not args.bucket_mb > 0:
+        raise UserError(f"--bucket-mb {args.bucket_mb:g} is invalid; valid: a size in MB > 0")
     import torch
 
     torch.set_num_threads(max(1, args.threads))
@@ -77,6 +114,10 @@ def run(args) -> int:
     from byteps_prophet.torch.optimizer import default_backend_name
 
     backend = make_backend(args.backend or default_backend_name())
+    if ddp and backend.name not in ("gloo", "nccl"):
+        raise UserError(f"--ddp needs a torch.distributed backend; valid: --backend gloo (got {backend.name})")
+    if args.stock_byteps and (backend.name != "byteps" or settings.scheduler != "fifo"):
+        raise UserError("--stock-byteps needs --backend byteps and BYTEPS_SCHEDULER=fifo (BytePS's own optimizer)")
     torch.manual_seed(0)
     model = build(args.model, args.width)
     if backend.name in ("gloo", "nccl"):
@@ -99,9 +140,22 @@ def run(args) -> int:
     make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=args.lr, momentum=0.9),
             "adam": lambda ps: torch.optim.Adam(ps, lr=args.lr),
             "adamw": lambda ps: torch.optim.AdamW(ps, lr=args.lr)}[args.optimizer]
-    opt = DistributedOptimizer(make(model.parameters()), model.named_parameters(), settings=settings,
-                               backend=backend, profile_path=args.profile, model_name=args.model,
-                               batch_size=args.batch)
+    if args.tune_bucket:
+        out = tune_bucket(args, sweep, backend, make)
+        print(json.dumps(out), flush=True)
+        backend.close()
+        return 0
+    if ddp:
+        model = _ddp(model, args.bucket_mb)
+        opt = _Plain(make(model.parameters()))
+    elif args.stock_byteps:
+        import byteps.torch as bps
+
+        opt = _Plain(bps.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters()))
+    else:
+        opt = DistributedOptimizer(make(model.parameters()), model.named_parameters(), settings=settings,
+                                   backend=backend, profile_path=args.profile, model_name=args.model,
+                                   batch_size=args.batch)
 
     def one_step():
         opt.zero_grad()
@@ -113,7 +167,8 @@ def run(args) -> int:
     for _ in range(args.warmup):
         one_step()
     opt.synchronize()
-    out = {"rank": backend.rank, "world_size": backend.size, "scheduler": settings.scheduler,
+    scheduler = "ddp" if ddp else "byteps_stock" if args.stock_byteps else settings.scheduler
+    out = {"rank": backend.rank, "world_size": backend.size, "scheduler": scheduler,
            "backend": backend.name, "model": args.model, "batch": args.batch,
            "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)}
     if args.tune_credit:
@@ -134,7 +189,13 @@ def run(args) -> int:
                    iter_s_median=statistics.median(iters), iter_s_spread=q[2] - q[0], steps=args.steps)
         if opt.scheduler is not None and opt.scheduler.bandwidth.known:
             out["bandwidth_Bps"] = opt.scheduler.bandwidth.bytes_per_s
+        if ddp:
+            out["bucket_mb"] = args.bucket_mb if args.bucket_mb is not None else DDP_DEFAULT_BUCKET_MB
+    if isinstance(opt, _Plain):  # which optimizer class ran, so a result says it was the stock one
+        out["optimizer"] = f"{type(opt.opt).__module__}.{type(opt.opt).__name__}"
     opt.close()
+    if ddp or args.stock_byteps:
+        backend.close()
     if args.dump and backend.rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.dump)
     print(json.dumps(out), flush=True)
@@ -143,6 +204,67 @@ def run(args) -> int:
 
         bps.shutdown()  # leave ps-lite together with the others, before interpreter teardown
     return 0
+
+
+DDP_DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's bucket_cap_mb default
+
+
+class _Plain:
+    """A torch optimizer (or BytePS's) with the few calls the bench makes on ours."""
+
+    scheduler = None
+
+    def __init__(self, opt) -> None:
+        self.opt = opt
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad()
+
+    def step(self) -> None:
+        self.opt.step()
+
+    def synchronize(self) -> None:  # DDP's backward and BytePS's step return synchronised
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _ddp(model, bucket_mb: float | None):
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model) if bucket_mb is None else DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+
+
+def tune_bucket(args, sweep: list[float], backend, make) -> dict:
+    """Every rank times a fresh DDP per bucket of ``sweep`` (one step not scored: DDP rebuilds its
+    buckets in the gradients' order after its first), the same steps on every rank; worker 0's line
+    names the fastest."""
+    import torch
+
+    from byteps_prophet.torch.models import build, synthetic_batch
+
+    probes = []
+    for mb in sweep:
+        torch.manual_seed(0)
+        model = _ddp(build(args.model, args.width), mb)
+        x, y, loss_fn = synthetic_batch(args.model, model.module, args.batch, seed=1000 + backend.rank)
+        opt = make(model.parameters())
+
+        def one_step():
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+
+        one_step()
+        t0 = time.monotonic()
+        for _ in range(args.tune_bucket):
+            one_step()
+        probes.append([mb, (time.monotonic() - t0) / args.tune_bucket])
+        del model, opt
+    best = min(probes, key=lambda probe: probe[1])[0]
+    return {"rank": backend.rank, "world_size": backend.size, "scheduler": "ddp", "backend": backend.name,
+            "model": args.model, "batch": args.batch, "best_bucket_mb": best, "probes": probes}
 
 
 def comm_only(model, backend, args) -> dict:

@@ -505,6 +505,8 @@ class _Engine:
             path = f"{stem}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
         meta = {"scheduler": self.settings.scheduler, "backend": self.backend.name, "world_size": self.backend.size,
                 "serializations": self.traits.stages,
+                # iterations Prophet's prediction scheduled (not its fallback, the credit): leader only
+                "planned_iterations": getattr(self.scheduler, "planned_iterations", None),
                 "tensors": [[e.index, e.name, list(e.param.shape), e.param.numel() * e.param.element_size()]
                             for e in self.params]}
         with open(path, "w") as f:

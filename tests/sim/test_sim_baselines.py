@@ -1,0 +1,65 @@
+"""DDP and Horovod in the simulator: every byte once, never below the bound, and the CLI's report."""
+import json
+import math
+
+import pytest
+
+from byteps_prophet.cli import main
+from byteps_prophet.core.baselines import MIB
+from byteps_prophet.sim.baselines import BUCKET_SWEEP, best_bucket, simulate_baseline
+from byteps_prophet.sim.engine import ClusterSpec, Layer, lower_bound_s
+
+
+def toy_layers(n=12, rows=512, cols=256):
+    return [Layer(f"w{i}", (rows, cols), 1e-4, 2e-4) for i in range(n)]
+
+
+@pytest.mark.parametrize("arch", ["allreduce", "ps"])
+@pytest.mark.parametrize("name, knobs", [("ddp", {}), ("ddp", {"bucket_bytes": 600_000}), ("horovod", {}),
+                                         ("horovod", {"fusion_bytes": 0})])
+def test_every_gradient_synchronised_once_and_never_below_the_bound(arch, name, knobs):
+    layers = toy_layers()
+    cluster = ClusterSpec(workers=4, arch=arch, bandwidth=1e9 / 8)
+    result = simulate_baseline(name, layers, cluster, iterations=8, warmup=2, **knobs)
+    members = [(t.iteration, t.index) for c in result.sent for t in c.members]
+    assert sorted(members) == [(it, i) for it in range(8) for i in range(len(layers))]  # once each
+    per_layer = math.prod(layers[0].shape) * 4
+    assert sum(c.nbytes for c in result.sent) == 8 * len(layers) * per_layer
+    assert result.finish_s / 8 >= lower_bound_s(layers, cluster) * (1 - 1e-9)
+
+
+def test_a_bucket_fuses_gradients_and_fusion_pays_fewer_messages():
+    layers = toy_layers(n=24, rows=64, cols=64)  # 16 KiB gradients: the per-collective cost dominates
+    cluster = ClusterSpec(workers=8, arch="allreduce", bandwidth=10e9 / 8)
+    alone = simulate_baseline("ddp", layers, cluster, iterations=6, warmup=2, bucket_bytes=1)
+    fused = simulate_baseline("ddp", layers, cluster, iterations=6, warmup=2, bucket_bytes=MIB)
+    assert len(alone.sent) == 6 * 24
+    assert len(fused.sent) < 6 * 3
+    assert fused.iter_s < alone.iter_s
+
+
+def test_best_bucket_is_the_fastest_of_its_sweep():
+    layers = toy_layers()
+    cluster = ClusterSpec(workers=4, arch="allreduce", bandwidth=1e9 / 8)
+    bucket, times = best_bucket(layers, cluster, iterations=6, warmup=2)
+    assert set(times) == set(BUCKET_SWEEP) and times[bucket] == min(times.values())
+
+
+def test_simulate_reports_the_baselines_beside_the_schedulers(capsys):
+    assert main(["simulate", "--model", "alexnet", "--workers", "4", "--arch", "allreduce", "--bandwidth", "3gbit",
+                 "--iterations", "8", "--scheduler", "prophet,ddp,horovod", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["results"]) == {"prophet", "prophet_paper", "ddp", "ddp_best", "horovod"}
+    best = out["results"]["ddp_best"]
+    assert best["bucket_bytes"] in BUCKET_SWEEP and best["iter_ms"] == min(out["bucket_sweep_ms"].values())
+    assert all(r["iter_ms"] >= out["lower_bound_ms"] * 0.999 for r in out["results"].values())
+
+
+def test_all_still_means_the_three_schedulers_and_a_bad_name_lists_the_baselines(capsys):
+    from byteps_prophet.errors import UserError
+    from byteps_prophet.sim.runner import parse_schedulers
+
+    assert parse_schedulers("all") == ["fifo", "bytescheduler", "prophet"]
+    assert parse_schedulers("all,ddp") == ["fifo", "bytescheduler", "prophet", "ddp"]
+    with pytest.raises(UserError, match="ddp.*horovod"):
+        parse_schedulers("nccl")
