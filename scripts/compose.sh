@@ -146,7 +146,7 @@ up() {
   return "$rc"
 }
 
-# The training JSON line of worker 0 (the leader) in a run's output: "samples_per_s session_s".
+# samples/s from the training JSON line of worker 0 (torch: rank 0; MXNet: the line with "leader").
 samples() { "$PYTHON" -c '
 import json, sys
 rate = "-"
@@ -154,7 +154,7 @@ for line in sys.stdin:
     body = line.split("|", 1)[-1].strip()
     if body.startswith("{") and "samples_per_s" in body:
         row = json.loads(body)
-        if row.get("rank", 0) == 0:
+        if row.get("leader", row.get("rank", 0) == 0):  # MXNet: the leader (its kv rank may be 1)
             rate = "%.2f" % row["samples_per_s"]
 print(rate)'; }
 

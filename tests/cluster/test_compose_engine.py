@@ -116,7 +116,7 @@ def test_compose_up_runs_the_selftest_then_prophet_training(image, engine_name):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert out.count("selftest OK") == 2, out[-4000:]
-    assert "linkshape: eth0 egress: 500Mbit" in out
+    assert "linkshape: eth0 egress: 500mbit" in out
     assert "run succeeded: 2 session(s) on 4 hosts" in out
     lines = [json.loads(line.split("|", 1)[1]) for line in out.splitlines()
              if "|" in line and line.split("|", 1)[1].strip().startswith("{")]
