@@ -316,12 +316,12 @@ def main() -> None:
     ap.add_argument("--parts", default=",".join(PARTS),
                     help="comma-separated parts to run (grid, changing, decision, speed, scale); the others are "
                          "kept from an existing --out file, so the timed parts can run alone under a lock")
-    ap.add_argument("--engine-ps", default="docs/engines/byteps.json", metavar="FILE",
+    ap.add_argument("--engine-ps", default="docs/replay/engine_byteps.json", metavar="FILE",
                     help="engine profile of the scale part's parameter server (default: the calibrated BytePS, "
-                         "docs/engines/byteps.json)")
-    ap.add_argument("--engine-allreduce", default="docs/engines/gloo.json", metavar="FILE",
+                         "docs/replay/engine_byteps.json)")
+    ap.add_argument("--engine-allreduce", default="docs/replay/engine_gloo.json", metavar="FILE",
                     help="engine profile of the scale part's all-reduce (default: the calibrated gloo, "
-                         "docs/engines/gloo.json)")
+                         "docs/replay/engine_gloo.json)")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if parts == ["none"]:  # only rewrite --compact from --out

@@ -1,5 +1,6 @@
 """The A/B's baselines, what a torch user runs instead: DDP (default and tuned bucket) and BytePS's own optimizer."""
 import json
+import socket
 import subprocess
 import sys
 
@@ -82,7 +83,10 @@ def test_the_sweep_runs_first_and_the_tuned_runs_get_its_bucket():
 def _bench(*args, env=None):
     import os
 
-    base = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29761")
+    with socket.socket() as probe:  # a free port: two suites at once must not share a rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     return subprocess.run([sys.executable, "-m", "byteps_prophet.torch.bench", "--model", "mlp", "--steps", "2",
                            "--warmup", "1", *args], capture_output=True, text=True, timeout=300, env={**base, **(env or {})})
 
