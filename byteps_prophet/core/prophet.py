@@ -193,10 +193,13 @@ class Prophet(ByteScheduler):
                 event = link.next_finish()
                 if next_ready is not None and next_ready > now and next_ready < event:
                     event = next_ready
-                if start > (event if event > now else now) + latency:
+                wake = start - latency  # the last moment a piece sent reaches the link as it frees
+                if wake > (event if event > now else now):
                     # That event can come late (a peer behind, a lag read before it fell behind): woken
-                    # at the last moment a piece sent reaches the link as it frees, it never idles.
-                    self._wake_at(start - latency)
+                    # then, the link never idles. (Compared as the wake time itself: a tick at ``wake``
+                    # then finds nothing to wait for, where ``start > now + latency`` could still hold
+                    # by rounding and ask for the same instant again, forever.)
+                    self._wake_at(wake)
                     return
             if bandwidth is None:
                 bandwidth, cost = self.bandwidth.rate_and_cost()

@@ -168,3 +168,25 @@ def test_simulate_takes_an_engine_file(capsys, tmp_path):
     path.write_text("{}")
     assert main(["simulate", "--model", "alexnet", "--engine", str(path)]) == 2
     assert "schema" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_the_hold_never_asks_for_the_same_instant_forever():
+    """With a start-up latency the hold wakes at ``start - latency``; asked as ``start > now + latency``
+    that could still hold by rounding at the tick itself, which then asked for the same instant again,
+    forever (ResNet-50 on the calibrated BytePS engine hung the scale grid). Ticks stay a fraction of
+    the sends."""
+    from byteps_prophet.sim.costmodel import compute_times
+    from byteps_prophet.sim.engine import layers_from
+    from byteps_prophet.sim.zoo import get_model
+
+    model = get_model("resnet50")
+    engine = PRESETS["byteps"].replace(startup_latency_s=0.00306756)
+    sim = Simulation(layers_from(model, compute_times(model, 32)), ClusterSpec(workers=2, bandwidth=1e9 / 8,
+                     engine=engine), Settings(scheduler="prophet"), iterations=12, warmup=4)
+    ticks = []
+    tick = sim.scheduler.tick
+    sim.scheduler.tick = lambda: (ticks.append(sim.loop.time), tick())
+    result = sim.run()
+    assert sim.scheduler.planned_iterations > 0
+    assert len(ticks) < 2 * len(result.sent), (len(ticks), len(result.sent))
