@@ -16,6 +16,6 @@ def make_scheduler(settings: Settings, clock: Clock, transport: Transport, on_do
 
 
 __all__ = [
-    "ByteScheduler", "Clock", "EngineTraits", "FIFOScheduler", "ManualClock", "MonotonicClock", "Prophet", "SCHEDULERS",
-    "SCHEDULER_CLASSES", "Scheduler", "Settings", "State", "Task", "Transport", "make_scheduler",
+    "ByteScheduler", "Clock", "EngineTraits", "FIFOScheduler", "ManualClock", "MonotonicClock", "Prophet",
+    "SCHEDULERS", "SCHEDULER_CLASSES", "Scheduler", "Settings", "State", "Task", "Transport", "make_scheduler",
 ]

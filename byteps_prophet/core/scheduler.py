@@ -30,7 +30,6 @@ from byteps_prophet.core.task import State, Task
 class Transport(Protocol):
     traits: EngineTraits  # what the engine behind it is like, fixed at its construction
 
-
     def send(self, task: Task) -> None:
         """Start synchronising ``task``; report completion with ``scheduler.finished(task)``."""
 
