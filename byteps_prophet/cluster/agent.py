@@ -50,27 +50,18 @@ def say(text: str) -> None:
     print(f"agent: {text}", file=sys.stderr, flush=True)
 
 
-def _float_env(name: str, default: float | None, environ) -> float | None:
+def _env_number(name: str, environ, kind: type, default):
+    """``name`` as a positive number of seconds (``kind`` float) or a non-negative integer (int);
+    ``default`` when unset; a one-line ValueError otherwise."""
     text = environ.get(name, "").strip()
     if not text:
         return default
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ValueError(f"{name}={text!r} is not a positive number of seconds")
-    return value
-
-
-def _int_env(name: str, environ, default: int) -> int:
-    text = environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
         value = -1
+    if kind is float and value <= 0:
+        raise ValueError(f"{name}={text!r} is not a positive number of seconds")
     if value < 0:
         raise ValueError(f"{name}={text!r} is not a non-negative integer")
     return value
@@ -157,13 +148,13 @@ class Agent:
         self.role_name = env.get("DMLC_ROLE", "")
         self.coordinator = env.get("CLUSTER_COORDINATOR", "worker-0")
         self.coordinator_address = env.get("CLUSTER_COORDINATOR_ADDRESS") or self.coordinator
-        self.port = _int_env("CLUSTER_AGENT_PORT", env, PORT)
-        self.connect_timeout = _float_env("CLUSTER_CONNECT_TIMEOUT", 300.0, env)
-        self.grace = _float_env("CLUSTER_GRACE", 10.0, env)
-        self.timeout = _float_env("CLUSTER_TIMEOUT", None, env)
+        self.port = _env_number("CLUSTER_AGENT_PORT", env, int, PORT)
+        self.connect_timeout = _env_number("CLUSTER_CONNECT_TIMEOUT", env, float, 300.0)
+        self.grace = _env_number("CLUSTER_GRACE", env, float, 10.0)
+        self.timeout = _env_number("CLUSTER_TIMEOUT", env, float, None)
         self.train = shlex.split(env.get("TRAIN_COMMAND", "")) if self.role_name == "worker" else []
-        self.workers = _int_env("DMLC_NUM_WORKER", env, 1)
-        self.servers = _int_env("DMLC_NUM_SERVER", env, 1)
+        self.workers = _env_number("DMLC_NUM_WORKER", env, int, 1)
+        self.servers = _env_number("DMLC_NUM_SERVER", env, int, 1)
         self.role = Role()
         self.verdict: int | None = None
         signal.signal(signal.SIGTERM, self._on_term)
