@@ -25,6 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench_sim import write_compact  # scripts/ is on the path when run as a script
 from byteps_prophet.core import Settings
 from byteps_prophet.sim.baselines import BUCKET_SWEEP, best_bucket, simulate_baseline
 from byteps_prophet.sim.costmodel import compute_times
@@ -157,9 +158,7 @@ def main() -> int:
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
     if args.compact:
-        text = json.dumps(compact(result), indent=None, separators=(",", ":"))
-        Path(args.compact).write_text(text.replace("],[", "],\n[") + "\n")
-        print(f"wrote {args.compact}")
+        write_compact(args.compact, compact(result))
     return 0
 
 

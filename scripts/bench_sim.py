@@ -278,6 +278,13 @@ def compact(result: dict) -> dict:
                                     for r in result["scale"]["cells"]]}} if "scale" in result else {})}
 
 
+def write_compact(path: str, data: dict) -> None:
+    """A small committed copy: one JSON line per grid row, so diffs show the rows that moved."""
+    text = json.dumps(data, indent=None, separators=(",", ":"))
+    Path(path).write_text(text.replace("],[", "],\n[") + "\n")
+    print(f"wrote {path}")
+
+
 def summarize(grid) -> dict:
     ratios = [c["ratio_to_best_credit"]["prophet"] for c in grid]
     off = [c for c in grid if c["ratio_to_best_credit"]["bytescheduler"] > 1.02]
@@ -372,9 +379,7 @@ def main() -> None:
         out.write_text(json.dumps(result, indent=1))
         print(f"wrote {args.out}")
     if args.compact:
-        text = json.dumps(compact(result), indent=None, separators=(",", ":"))
-        Path(args.compact).write_text(text.replace("],[", "],\n[") + "\n")
-        print(f"wrote {args.compact}")
+        write_compact(args.compact, compact(result))
 
 
 if __name__ == "__main__":
