@@ -143,7 +143,7 @@ def run(args) -> int:
     if args.tune_bucket:
         out = tune_bucket(args, sweep, backend, make)
         print(json.dumps(out), flush=True)
-        backend.close()
+        _leave_ddp(backend)
         return 0
     if ddp:
         model = _ddp(model, args.bucket_mb)
@@ -194,10 +194,13 @@ def run(args) -> int:
     if isinstance(opt, _Plain):  # which optimizer class ran, so a result says it was the stock one
         out["optimizer"] = f"{type(opt.opt).__module__}.{type(opt.opt).__name__}"
     opt.close()
-    if ddp or args.stock_byteps:
-        backend.close()
     if args.dump and backend.rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.dump)
+    if ddp:
+        del model, opt, one_step
+        _leave_ddp(backend)
+    elif args.stock_byteps:
+        backend.close()
     print(json.dumps(out), flush=True)
     if backend.name == "byteps":
         import byteps.torch as bps
@@ -228,6 +231,20 @@ class _Plain:
 
     def close(self) -> None:
         pass
+
+
+def _leave_ddp(backend) -> None:
+    """Free DDP's reducer, then leave the group together: a reducer outliving its process group,
+    or a rank destroying the group while its peer is still in a collective, aborts the process at
+    exit ("terminate called without an active exception")."""
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
+    if backend.size > 1:
+        dist.barrier(group=backend.group)
+    backend.close()
 
 
 def _ddp(model, bucket_mb: float | None):
