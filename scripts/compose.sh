@@ -71,10 +71,15 @@ podman_engine() {
   [[ -x /usr/libexec/podman/catatonit || -x /usr/bin/catatonit ]] || need+=(catatonit)
   apt_install "${need[@]}"
   mkdir -p /etc/containers/containers.conf.d
+  # podman lowers its own process limit to 32768 before it starts conmon and runc, so runc may not
+  # raise a container's above that, whatever this shell's hard limit says
+  local nproc
+  nproc=$(ulimit -Hu)
+  [[ $nproc == unlimited || $nproc -gt 32768 ]] && nproc=32768
   cat > /etc/containers/containers.conf.d/byteps-prophet.conf <<EOF
 # written by byteps-prophet scripts/compose.sh
 [containers]
-default_ulimits = ["nofile=$(ulimit -Hn):$(ulimit -Hn)", "nproc=$(ulimit -Hu):$(ulimit -Hu)"]
+default_ulimits = ["nofile=$(ulimit -Hn):$(ulimit -Hn)", "nproc=$nproc:$nproc"]
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
