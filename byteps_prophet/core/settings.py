@@ -16,7 +16,10 @@ SCHEDULERS = ("fifo", "bytescheduler", "prophet")
 PROPHET_MODES = ("default", "paper")
 LINK_MONITORS = ("measured", "core")
 # Old names still read, with a warning, when the new one is unset: old -> new.
-RENAMED = {"PROPHET_MXNET_ATOM_ELEMENTS": "BYTEPS_PROPHET_ATOM_ELEMENTS"}
+RENAMED = {"PROPHET_MXNET_ATOM_ELEMENTS": "BYTEPS_PROPHET_ATOM_ELEMENTS",
+           "PROPHET_MXNET_TIMELINE": "BYTEPS_PROPHET_TRACE"}
+# Fields whose value is a path: kept as written (other strings are names, read case-insensitively).
+PATHS = ("trace",)
 
 DEFAULT_PARTITION = 1_000_000  # elements, as in ByteScheduler
 DEFAULT_CREDIT = 4_000_000  # elements, as in ByteScheduler
@@ -39,6 +42,8 @@ class Settings:
     # Engine side (the plugins).
     atom_elements: int = 0  # Prophet's fixed atoms on BytePS and the MXNet stores; 0 = the engine's default
     link_monitor: str = "measured"  # how the plugins measure their link: LinkMonitor, or the core's monitor
+    # Diagnostics.
+    trace: str = ""  # PATH ({rank} replaced): each rank's events as Chrome trace JSON (core/trace.py); "" = none
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -73,7 +78,8 @@ class Settings:
             name, valid = ENVIRONMENT[field.name]
             raw = env.get(name)
             if raw is not None and raw.strip():
-                values[field.name] = _convert(name, raw.strip(), type(field.default), valid)
+                values[field.name] = raw.strip() if field.name in PATHS else \
+                    _convert(name, raw.strip(), type(field.default), valid)
         return cls(**values)
 
 
@@ -91,6 +97,7 @@ ENVIRONMENT = {
     "max_chunk_bytes": ("PROPHET_MAX_CHUNK_BYTES", "an integer >= 0"),
     "atom_elements": ("BYTEPS_PROPHET_ATOM_ELEMENTS", "an integer >= 0 (elements)"),
     "link_monitor": ("BYTEPS_PROPHET_LINK", ", ".join(LINK_MONITORS)),
+    "trace": ("BYTEPS_PROPHET_TRACE", "a file path ({rank} is replaced by the rank)"),
 }
 
 

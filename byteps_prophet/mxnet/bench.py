@@ -120,9 +120,9 @@ def run(args: argparse.Namespace) -> dict | None:
             raise UserError(f"--comm-only with --backend {args.backend}; valid: --backend kvstore")
         return comm_only(args, mx.kv.create(args.kvstore))
     profile_path = os.environ.get("BYTEPS_PROPHET_PROFILE") or None
-    if profile_path and args.backend != "local" and not os.environ.get("PROPHET_MXNET_TIMELINE"):
-        # the store's timeline holds when each gradient was staged: the profile's ready times
-        os.environ["PROPHET_MXNET_TIMELINE"] = profile_path + ".timeline.json"
+    if profile_path and args.backend != "local" and not settings.trace:
+        # the store's trace holds when each gradient was staged: the profile's ready times
+        settings = settings.replace(trace=profile_path + ".trace.json")
     if args.backend == "local":
         kv = _Alone()
     elif args.backend == "byteps":
@@ -273,15 +273,17 @@ def comm_only(args, kv) -> dict:
 
 
 def write_profile(path: str, kv, net, marks: list[float], end: float, args) -> str | None:
-    """The timed steps' profile (docs/PROFILE.md) from the store's timeline: each gradient's ready time is
+    """The timed steps' profile (docs/PROFILE.md) from the store's trace: each gradient's ready time is
     when the store staged it, relative to the step's backward start (its loss computed). Forward times
     are not recorded (the simulator takes half of each backward time). Parameters are named by their
     store key (their index in ``collect_params()``, forward order)."""
     from byteps_prophet.profile import ProfileRecorder
 
-    timeline, t0 = getattr(kv, "_timeline", None), getattr(kv, "_t0", None)
-    if not timeline or t0 is None or not marks:
-        print("bench: profile not written: the store kept no timeline", file=sys.stderr)
+    from byteps_prophet.core.trace import events, seconds
+
+    log = getattr(kv, "trace", None)
+    if log is None or not len(log) or not marks:
+        print("bench: profile not written: the store kept no trace", file=sys.stderr)
         return None
     params = list(net.collect_params().values())
     tensors = [(str(i), p.shape) for i, p in enumerate(params) if p.grad_req != "null"]
@@ -289,7 +291,7 @@ def write_profile(path: str, kv, net, marks: list[float], end: float, args) -> s
                                world_size=kv.num_workers, meta={"backend": args.backend, "width": args.width})
     names = {name for name, _ in tensors}
     bounds = marks + [end]
-    ready = [(t0 + event[0], event[2]) for event in timeline if event[1] == "ready" and event[2] in names]
+    ready = [(seconds(e["ts"]), e["name"]) for e in events(log.document(), "ready") if e["name"] in names]
     for k, start in enumerate(marks):
         recorder.begin_iteration(start)
         for t, name in ready:

@@ -19,6 +19,7 @@ import pytest
 mx = pytest.importorskip("mxnet")
 
 from byteps_prophet.core import Settings  # noqa: E402
+from byteps_prophet.core.trace import events  # noqa: E402
 from byteps_prophet.errors import ConfigError  # noqa: E402
 from byteps_prophet.mxnet.engine import EngineGate, copy_raw  # noqa: E402
 from byteps_prophet.mxnet import kvstore as skv  # noqa: E402
@@ -246,29 +247,28 @@ def test_unused_parameters_do_not_hang(tmp_path):
     assert result.elapsed < 120
 
 
-def _issues(path: Path) -> dict:
-    """(gradient, synchronisation, atom) -> absolute time each was issued, from one worker's timeline."""
-    data = json.loads(path.read_text())
+def _issues(path: Path, check) -> dict:
+    """(gradient, synchronisation, atom) -> absolute time each was issued, from one worker's trace."""
+    data = check(path)
     issued = {}
-    for t, kind, name, _iteration, *rest in data["events"]:
-        if kind == "issue":
-            atom, seq = rest
-            assert (name, seq, atom) not in issued, f"{path.name}: {name} atom {atom} issued twice"
-            issued[name, seq, atom] = data["t0"] + t
+    for event in events(data, "atom"):
+        name, atom, seq = event["name"].split(" atom ")[0], event["args"]["atom"], event["args"]["seq"]
+        assert (name, seq, atom) not in issued, f"{path.name}: {name} atom {atom} issued twice"
+        issued[name, seq, atom] = event["ts"]
     return issued
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_followers_issue_the_leaders_atoms_after_it(tmp_path):
+def test_followers_issue_the_leaders_atoms_after_it(tmp_path, perfetto_check):
     """Worker 1 issues each atom only once worker 0 (the leader) has: the order channel. Under a
     one-partition credit the leader holds most atoms back; a follower that sent every gradient when
     ready (before the channel) issued most of them first. Values stay those of FIFO."""
-    timeline = tmp_path / "timeline.json"
+    trace = tmp_path / "trace.json"
     values, _ = _train(tmp_path, "bs", "bytescheduler", BYTESCHEDULER_CREDIT="5000",
-                       PROPHET_MXNET_TIMELINE=str(timeline))
-    (follower_path,) = tmp_path.glob("timeline.json.rank*")
-    leader, follower = _issues(timeline), _issues(follower_path)
+                       BYTEPS_PROPHET_TRACE=str(trace))
+    (follower_path,) = tmp_path.glob("trace.rank*.json")
+    leader, follower = _issues(trace, perfetto_check), _issues(follower_path, perfetto_check)
     assert leader.keys() == follower.keys()
     assert len(leader) > 50  # 8 steps of partitioned gradients
     # exactly once, every step: each gradient's atoms 0..n-1, each once (_issues refuses a second

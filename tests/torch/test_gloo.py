@@ -75,7 +75,7 @@ def test_schedulers_equal_fifo_and_single_process(tmp_path, optname):
         if scheduler != "fifo":  # 64-element partitions: the schedulers cut the mlp's gradients
             assert min(ops) > steps * len(ref), (scheduler, ops)
         if scheduler == "prophet":  # its prediction, not the credit it falls back on, sent steps 2-4
-            meta = json.loads(open(f"{out}.trace.json").read())["meta"]
+            meta = json.loads(open(f"{out}.trace.json").read())["metadata"]
             assert meta["planned_iterations"] >= steps - 2, meta["planned_iterations"]
 
 

@@ -160,7 +160,7 @@ def _mlp_opt(**kw):
     return model, opt
 
 
-def test_plugin_installs_link_monitor_and_writes_trace(tmp_path, monkeypatch):
+def test_plugin_installs_link_monitor_and_writes_trace(tmp_path, monkeypatch, perfetto_check):
     trace = tmp_path / "trace.json"
     monkeypatch.setenv("BYTEPS_PROPHET_TRACE", str(trace))
     model, opt = _mlp_opt(scheduler="prophet")
@@ -171,16 +171,18 @@ def test_plugin_installs_link_monitor_and_writes_trace(tmp_path, monkeypatch):
         opt.step()
     opt.synchronize()
     opt.close()
-    data = json.loads(trace.read_text())
-    kinds = [e[0] for e in data["events"]]
+    data = perfetto_check(trace)
+    kinds = [e.get("cat") for e in data["traceEvents"]]
     assert kinds.count("ready") == 3 * 4 and kinds.count("eob") == 3 and kinds.count("step") == 3
-    ops = [e for e in data["events"] if e[0] == "op"]
+    ops = [e for e in data["traceEvents"] if e.get("cat") == "op"]
+    assert all(e["ph"] == "X" and e["args"]["submit_ts"] == e["ts"] for e in ops)
     # every row of every gradient synchronised once per iteration
     for it in range(3):
         for idx, (name, shape) in enumerate((n, tuple(p.shape)) for n, p in model.named_parameters()):
-            rows = sorted((e[3], e[4]) for e in ops if e[1] == it and e[2] == idx)
+            rows = sorted(e["args"]["rows"] for e in ops if e["args"]["iteration"] == it and e["args"]["index"] == idx)
             assert rows[0][0] == 0 and rows[-1][1] == shape[0]
-    assert data["meta"]["scheduler"] == "prophet" and len(data["meta"]["tensors"]) == 4
+            assert all(a[1] == b[0] for a, b in zip(rows, rows[1:])), rows
+    assert data["metadata"]["scheduler"] == "prophet" and len(data["metadata"]["tensors"]) == 4
 
 
 def test_link_mode_core_and_invalid(monkeypatch):

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import collections
 
+from byteps_prophet.core.trace import events
+
 
 def assert_every_row_sent_once(trace: dict, iterations: int, what: str) -> int:
     """Every iteration, every tensor whose gradient was ready in it (a ``ready`` event): the rows of
     its ops tile [0, rows) exactly (no row twice, none missing) and their bytes add up to the
     tensor's; a tensor without a gradient (unused) sends nothing. Returns the number of ops (so a
     caller can check that tensors were cut)."""
-    tensors = {index: (shape[0] if shape else 1, nbytes) for index, _name, shape, nbytes in trace["meta"]["tensors"]}
-    ops = [e for e in trace["events"] if e[0] == "op"]
+    tensors = {index: (shape[0] if shape else 1, nbytes)
+               for index, _name, shape, nbytes in trace["metadata"]["tensors"]}
+    ops = [e["args"] for e in events(trace, "op")]
     pieces = collections.defaultdict(list)
-    for _kind, iteration, index, row_start, row_end, nbytes, *_ in ops:
-        pieces[iteration, index].append((row_start, row_end, nbytes))
-    ready = {(e[1], e[2]) for e in trace["events"] if e[0] == "ready"}
+    for op in ops:
+        pieces[op["iteration"], op["index"]].append((*op["rows"], op["bytes"]))
+    ready = {(e["args"]["iteration"], e["args"]["index"]) for e in events(trace, "ready")}
     assert sorted({it for it, _ in pieces}) == list(range(iterations)), f"{what}: iterations {sorted(pieces)[:5]}"
     assert set(pieces) == ready, f"{what}: sent without a gradient, or a gradient never sent: {set(pieces) ^ ready}"
     for iteration in range(iterations):
@@ -30,3 +33,4 @@ def assert_every_row_sent_once(trace: dict, iterations: int, what: str) -> int:
             edges = [0] + [end for _, end, _ in got]
             assert [start for start, _, _ in got] == edges[:-1], f"{what}: iteration {iteration} tensor {index}: {got}"
     return len(ops)
+
