@@ -26,6 +26,7 @@ from byteps_prophet.mxnet import kvstore as skv  # noqa: E402
 from byteps_prophet.mxnet.kvstore import atom_elements, atom_ranges  # noqa: E402
 from byteps_prophet.mxnet.launch import run_local  # noqa: E402
 from params_check import assert_every_parameter_trained, run_report  # noqa: E402
+from trace_check import assert_plan_engaged  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("worker_train.py"))
 PULL_THEN_PUSH = str(Path(__file__).with_name("worker_pull_then_push.py"))
@@ -285,6 +286,36 @@ def test_followers_issue_the_leaders_atoms_after_it(tmp_path, perfetto_check):
     assert not early, f"{len(early)} atoms issued by the follower before the leader, e.g. {early[:3]}"
     fifo, _ = _train(tmp_path, "fifo", "fifo")
     _assert_same(fifo, values, "fifo vs bytescheduler")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_prophets_plan_engages_on_the_kvstore(tmp_path, perfetto_check):
+    """Prophet's prediction, not the credit it falls back on, schedules steps on dist_sync (the leader's
+    trace: planned_iterations and one plan event per planned step), and in every planned step its
+    sends cut each gradient into pieces that cover every row once. Values stay those of FIFO."""
+    trace = tmp_path / "prophet.trace.json"
+    values, _ = _train(tmp_path, "prophet", "prophet", BYTEPS_PROPHET_TRACE=str(trace), BPP_STEPS="10")
+    doc = perfetto_check(trace)
+    assert doc["metadata"]["scheduler"] == "prophet" and doc["metadata"]["backend"] == "kvstore"
+    plans = assert_plan_engaged(doc, 10, "KVStore", pieces="send")
+    rows_of = {name: (shape[0] if shape else 1) for _, name, shape, _ in doc["metadata"]["tensors"]}
+    ready = {(e["args"]["iteration"], e["name"]) for e in events(doc, "ready")}
+    cut = 0
+    for it in plans:
+        sent: dict = {}
+        for e in events(doc, "send"):
+            if e["args"]["iteration"] == it:
+                sent.setdefault(e["name"], []).append(tuple(e["args"]["rows"]))
+        assert set(sent) == {name for i, name in ready if i == it}, (it, sorted(sent))
+        for name, pieces in sent.items():
+            pieces.sort()
+            assert pieces[0][0] == 0 and pieces[-1][1] == rows_of[name], (it, name, pieces)
+            assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:])), (it, name, pieces)
+            cut += len(pieces) > 1
+    assert cut, "no gradient cut into pieces in a planned step"
+    fifo, _ = _train(tmp_path, "fifo", "fifo", BPP_STEPS="10")
+    _assert_same(fifo, values, "fifo vs prophet")
 
 
 @pytest.mark.slow

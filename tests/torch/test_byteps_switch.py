@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from trace_check import assert_every_row_sent_once
+from trace_check import assert_every_row_sent_once, assert_plan_engaged
 
 from byteps_prophet.core.trace import events
 
 WORKER = str(Path(__file__).with_name("worker_bps_torch.py"))
 # Partitions small enough that ByteScheduler and Prophet cut this model's tensors into several pieces;
 # Prophet's fixed BytePS atoms smaller still and not aligned with them, so slices cover atoms partly.
-ENV = {"BPP_STEPS": "4", "BYTESCHEDULER_PARTITION": "5000", "BYTESCHEDULER_CREDIT": "12000",
+ENV = {"BPP_STEPS": "10", "BYTESCHEDULER_PARTITION": "5000", "BYTESCHEDULER_CREDIT": "12000",
        "BYTEPS_PROPHET_ATOM_ELEMENTS": "3000"}
 # Stock BytePS (unset) runs one step: over several steps its two workers end with different parameters
 # here (0.016 apart after 4 steps; byteps_prophet's runs equal the reference to 1e-8), as with the MXNet
@@ -109,3 +109,6 @@ def test_scheduler_schedules_unmodified_script(results, scheduler, perfetto_chec
     # above cannot show a duplicate; the rows each rank sent must tile every gradient once per step
     assert_every_row_sent_once(trace, steps, "leader")
     assert_every_row_sent_once(follower, steps, "follower")
+    if scheduler == "prophet":  # its prediction, not the credit it falls back on, scheduled some steps
+        plans = assert_plan_engaged(trace, steps, "torch/BytePS")
+        print("planned iterations:", plans)

@@ -1,4 +1,4 @@
-"""Shared by the multi-process torch tests: exactly-once from a rank's trace (BYTEPS_PROPHET_TRACE), by
+"""Shared by the multi-process tests: exactly-once from a rank's trace (BYTEPS_PROPHET_TRACE), by
 sums of what was sent, not by the averaged values (an all-reduce or a push_pull with average=True sent
 twice gives the same average, so parameters alone cannot show a duplicate)."""
 from __future__ import annotations
@@ -34,3 +34,19 @@ def assert_every_row_sent_once(trace: dict, iterations: int, what: str) -> int:
             assert [start for start, _, _ in got] == edges[:-1], f"{what}: iteration {iteration} tensor {index}: {got}"
     return len(ops)
 
+
+
+def assert_plan_engaged(trace: dict, iterations: int, what: str, pieces: str = "op") -> list[int]:
+    """Prophet's prediction, not the credit it falls back on, scheduled some iterations: the trace's
+    ``planned_iterations`` (the scheduler's count) is positive, there is one ``plan`` event per planned
+    iteration, and each planned iteration's pieces are in the trace (``pieces`` is their kind: the torch
+    plugin's ``op``, the MXNet stores' ``send``; ``assert_every_row_sent_once`` checks their rows).
+    Returns the planned iterations."""
+    planned = trace["metadata"]["planned_iterations"]
+    plans = sorted(e["args"]["iteration"] for e in events(trace, "plan"))
+    assert planned and planned > 0, f"{what}: Prophet's plan never engaged ({planned!r} of {iterations} iterations)"
+    assert len(plans) == planned and len(set(plans)) == len(plans), f"{what}: plan events {plans}, count {planned}"
+    assert all(0 < it < iterations for it in plans), f"{what}: planned iterations {plans} of {iterations}"
+    sent = collections.Counter(e["args"]["iteration"] for e in events(trace, pieces))
+    assert all(sent[it] > 0 for it in plans), f"{what}: planned iterations without ops: {plans}, {sent}"
+    return plans
