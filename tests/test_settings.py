@@ -26,9 +26,9 @@ def test_each_variable_is_read(field):
     """Setting a variable changes its field (so a renamed or dropped read fails here)."""
     name, _ = ENVIRONMENT[field]
     default = getattr(Settings(), field)
-    other = {bool: "1", str: {"scheduler": "prophet", "prophet_mode": "paper", "link_monitor": "core",
-                              "trace": "/tmp/Trace-{rank}.json"}.get(field),
-             int: "7", float: "3.5"}[type(default)]
+    names = {"scheduler": "prophet", "prophet_mode": "paper", "link_monitor": "core", "backend": "gloo",
+             "trace": "/tmp/Trace-{rank}.json", "profile": "/tmp/P.json"}
+    other = {bool: "0" if default else "1", str: names.get(field), int: "7", float: "3.5"}[type(default)]
     if field in ("partition", "credit", "profile_iterations"):
         other = "7"
     assert getattr(Settings.from_env({name: other}), field) != default

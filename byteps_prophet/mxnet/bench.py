@@ -63,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="expected number of workers (checked against DMLC_NUM_WORKER's job)")
     parser.add_argument("--progress", action="store_true",
                         help="print '#progress STEP' on stdout after each timed step (worker 0)")
+    parser.add_argument("--hybridize", action="store_true",
+                        help="hybridize the model (static_alloc, static_shape) before training")
     parser.add_argument("--comm-only", action="store_true",
                         help="time only the synchronisation of the model's gradients over the unwrapped store "
                              "(push then pull of every gradient-shaped buffer, no compute, no scheduler; kvstore)")
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> dict | None:
         if args.backend != "kvstore":
             raise UserError(f"--comm-only with --backend {args.backend}; valid: --backend kvstore")
         return comm_only(args, mx.kv.create(args.kvstore))
-    profile_path = os.environ.get("BYTEPS_PROPHET_PROFILE") or None
+    profile_path = settings.profile or None
     if profile_path and args.backend != "local" and not settings.trace:
         # the store's trace holds when each gradient was staged: the profile's ready times
         settings = settings.replace(trace=profile_path + ".trace.json")
@@ -135,7 +137,7 @@ def run(args: argparse.Namespace) -> dict | None:
     mx.random.seed(1)
     net = models.build(args.model, width=args.width)
     net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
-    if os.environ.get("BPP_BENCH_HYBRIDIZE", "0") == "1":
+    if args.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
     shape = models.input_shape(args.model, args.batch, args.input_size)
     rng = np.random.RandomState(kv.rank)

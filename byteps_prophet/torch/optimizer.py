@@ -21,9 +21,10 @@ optimizer's own class that shares its parameter groups and state. Per iteration:
 Failures on any thread (a dead peer, an order mismatch) are raised in the training thread at the
 next hook, forward, ``step()`` or ``synchronize()``.
 
-Environment (besides the scheduler's): ``BYTEPS_PROPHET_BACKEND`` (gloo|nccl|byteps|local),
-``BYTEPS_PROPHET_PROFILE`` (write the recorded profile there; ``{rank}`` is replaced, otherwise only
-rank 0 writes), ``BYTEPS_PROPHET_OVERLAP=0`` (``step()`` waits for every update: needed when
+Configuration comes from ``Settings`` (read once from the environment; README "Settings"): besides the
+scheduler's, ``BYTEPS_PROPHET_BACKEND`` (gloo|nccl|byteps|local), ``BYTEPS_PROPHET_PROFILE`` (write
+the recorded profile there; ``{rank}`` is replaced, otherwise only rank 0 writes),
+``BYTEPS_PROPHET_TRACE``, ``BYTEPS_PROPHET_OVERLAP=0`` (``step()`` waits for every update: needed when
 parameters are used outside their module's forward), ``BYTEPS_PROPHET_LAYERWISE=0`` (no per-parameter
 update: ``step()`` waits for synchronisation, then steps the whole optimizer; use it for gradient
 clipping between ``synchronize()`` and ``step()``).
@@ -54,19 +55,10 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat
 WAIT_SLICE = 1.0  # seconds between checks for a failure while waiting
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw == "":
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}={raw!r} is not a boolean; valid: 0, 1")
-
-
-def default_backend_name() -> str:
-    name = os.environ.get("BYTEPS_PROPHET_BACKEND", "").strip().lower()
+def default_backend_name(settings: Settings | None = None) -> str:
+    """``BYTEPS_PROPHET_BACKEND`` (``settings.backend``), else what the process is: an initialised
+    torch.distributed group's, a BytePS worker's, gloo for several ranks, local for one."""
+    name = (Settings.from_env() if settings is None else settings).backend
     if name:
         return name
     import torch.distributed as dist
@@ -86,25 +78,20 @@ PROPHET_PARTITION = 4_000_000  # elements: Prophet's pieces in the queue; its ow
 def _prophet_settings(settings: Settings, pulls_follow_pushes: bool = False) -> Settings:
     """Prophet cuts pieces to its predictions itself; ByteScheduler's 1 M-element partition only adds
     messages, and on the real engines every message pays a start-up latency (docs/history/AB-notebook.md). So, unless
-    a partition is set (``BYTESCHEDULER_PARTITION`` or a non-default ``Settings.partition``), Prophet
-    queues pieces of ``BYTEPS_PROPHET_PARTITION`` elements (0 keeps the ByteScheduler partition):
+    a partition is set (``BYTESCHEDULER_PARTITION``, which makes ``Settings.prophet_partition`` 0, or a
+    non-default ``Settings.partition``), Prophet queues pieces of ``BYTEPS_PROPHET_PARTITION``
+    (``Settings.prophet_partition``) elements (0 keeps the ByteScheduler partition):
     by default 4 M, ByteScheduler's default credit, on all-reduce; where pulls follow pushes (BytePS)
     0, since every chunk there is at most 2 MiB anyway and a step the link keeps up with goes under
     ByteScheduler's credit, where 4 M pieces kept one piece in flight (resnet b32 1 Gbit/s: Prophet
     0.864x of FIFO with them, docs/history/AB-notebook.md section 24)."""
     from byteps_prophet.core.settings import DEFAULT_PARTITION
 
-    if (settings.scheduler != "prophet" or settings.partition != DEFAULT_PARTITION
-            or os.environ.get("BYTESCHEDULER_PARTITION", "").strip()):
+    if settings.scheduler != "prophet" or settings.partition != DEFAULT_PARTITION:
         return settings
-    raw = os.environ.get("BYTEPS_PROPHET_PARTITION", "").strip() or str(0 if pulls_follow_pushes else PROPHET_PARTITION)
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"BYTEPS_PROPHET_PARTITION={raw!r} is invalid; valid: an integer >= 0 (elements; 0 = "
-                          f"BYTESCHEDULER_PARTITION)")
+    value = settings.prophet_partition
+    if value < 0:  # unset: derived from the engine
+        value = 0 if pulls_follow_pushes else PROPHET_PARTITION
     return settings.replace(partition=value) if value else settings
 
 
@@ -673,9 +660,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          overlap: bool | None = None, layerwise: bool | None = None, **ignored: Any):
     """A drop-in for ``byteps.torch.DistributedOptimizer`` scheduled by FIFO, ByteScheduler or Prophet.
 
-    ``scheduler``/``settings`` override ``BYTEPS_SCHEDULER`` and friends; ``backend`` overrides
-    ``BYTEPS_PROPHET_BACKEND``; ``profile_path`` overrides ``BYTEPS_PROPHET_PROFILE``. Extra BytePS
-    keyword arguments (e.g. ``staleness``) are accepted and ignored.
+    ``settings`` (default ``Settings.from_env()``: every ``BYTEPS_PROPHET_*`` knob, README "Settings")
+    and ``scheduler`` override the environment; ``backend``, ``profile_path``, ``overlap`` and
+    ``layerwise`` override those fields of it. Extra BytePS keyword arguments (e.g. ``staleness``) are
+    accepted and ignored.
     """
     if settings is None:
         settings = Settings.from_env()
@@ -690,11 +678,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     if isinstance(optimizer, _DistributedMixin):
         raise ConfigError("DistributedOptimizer: this optimizer is already distributed; valid: a torch.optim optimizer")
     if backend is None or isinstance(backend, str):
-        backend = make_backend(backend or default_backend_name())
+        backend = make_backend(backend or default_backend_name(settings))
     if profile_path is None:
-        profile_path = os.environ.get("BYTEPS_PROPHET_PROFILE") or None
-    overlap = _env_flag("BYTEPS_PROPHET_OVERLAP", True) if overlap is None else overlap
-    layerwise = _env_flag("BYTEPS_PROPHET_LAYERWISE", True) if layerwise is None else layerwise
+        profile_path = settings.profile or None
+    overlap = settings.overlap if overlap is None else overlap
+    layerwise = settings.layerwise if layerwise is None else layerwise
 
     base = type(optimizer)
     cls = type(base.__name__, (_DistributedMixin, base), {"__module__": __name__})

@@ -133,24 +133,25 @@ def test_link_monitor_falls_back_to_delivery_rate():
     assert m.known and m.bytes_per_s == pytest.approx(1e7) and m.message_cost == 0.0
 
 
-def test_prophet_partition_default_and_overrides(monkeypatch):
-    monkeypatch.delenv("BYTESCHEDULER_PARTITION", raising=False)
-    monkeypatch.delenv("BYTEPS_PROPHET_PARTITION", raising=False)
-    assert _prophet_settings(Settings(scheduler="prophet")).partition == PROPHET_PARTITION
-    assert _prophet_settings(Settings(scheduler="prophet"), pulls_follow_pushes=True).partition == Settings().partition
+def test_prophet_partition_default_and_overrides():
+    prophet = Settings(scheduler="prophet")
+    assert _prophet_settings(prophet).partition == PROPHET_PARTITION
+    assert _prophet_settings(prophet, pulls_follow_pushes=True).partition == Settings().partition
     assert _prophet_settings(Settings(scheduler="bytescheduler")).partition == Settings().partition
     assert _prophet_settings(Settings(scheduler="prophet", partition=64)).partition == 64
-    monkeypatch.setenv("BYTEPS_PROPHET_PARTITION", "0")
-    assert _prophet_settings(Settings(scheduler="prophet")).partition == Settings().partition
-    monkeypatch.setenv("BYTEPS_PROPHET_PARTITION", "123")
-    assert _prophet_settings(Settings(scheduler="prophet")).partition == 123
-    assert _prophet_settings(Settings(scheduler="prophet"), pulls_follow_pushes=True).partition == 123
-    monkeypatch.setenv("BYTESCHEDULER_PARTITION", "500")
-    assert _prophet_settings(Settings(scheduler="prophet", partition=500)).partition == 500
-    monkeypatch.delenv("BYTESCHEDULER_PARTITION")
-    monkeypatch.setenv("BYTEPS_PROPHET_PARTITION", "x")
+    env = {"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_PARTITION": "0"}
+    assert _prophet_settings(Settings.from_env(env)).partition == Settings().partition
+    env["BYTEPS_PROPHET_PARTITION"] = "123"
+    assert _prophet_settings(Settings.from_env(env)).partition == 123
+    assert _prophet_settings(Settings.from_env(env), pulls_follow_pushes=True).partition == 123
+    # a partition set is Prophet's too, even the default value (set, so meant)
+    for partition in ("500", str(Settings().partition)):
+        assert _prophet_settings(Settings.from_env(dict(env, BYTESCHEDULER_PARTITION=partition))).partition == \
+            int(partition)
     with pytest.raises(ConfigError, match="BYTEPS_PROPHET_PARTITION"):
-        _prophet_settings(Settings(scheduler="prophet"))
+        Settings.from_env(dict(env, BYTEPS_PROPHET_PARTITION="x"))
+    with pytest.raises(ConfigError, match="BYTEPS_PROPHET_PARTITION"):
+        Settings.from_env(dict(env, BYTEPS_PROPHET_PARTITION="-3"))
 
 
 def _mlp_opt(**kw):
