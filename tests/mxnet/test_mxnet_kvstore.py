@@ -348,17 +348,29 @@ def test_dead_worker_ends_the_run_naming_it(tmp_path, dying):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_bench_prints_one_json_line(tmp_path):
+def test_bench_prints_one_json_line(tmp_path, perfetto_check):
+    """... and, with BYTEPS_PROPHET_PROFILE, writes the profile of its timed steps from the store's trace
+    (each gradient's ready time), the trace beside it."""
     import json
+
+    from byteps_prophet.profile import load_profile
+    profile = tmp_path / "p.json"
     result = run_local([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--model", "transformer",
                         "--steps", "3", "--warmup", "2", "--batch", "2"],
-                       workers=2, env={"BYTEPS_SCHEDULER": "prophet"}, timeout=240)
+                       workers=2, env={"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_PROFILE": str(profile)},
+                       timeout=240)
     assert result.ok, result.reason
     lines = [l for lines in result.output.values() for l in lines if l.startswith("{")]
     assert len(lines) == 1 and lines[0] in result.output["worker-0"]  # the leader: DMLC_WORKER_ID=0
     data = json.loads(lines[0])
     assert data["scheduler"] == "prophet" and data["framework"] == "mxnet" and len(data["step_s"]) == 3
     assert data["samples_per_s"] > 0
+    assert data["profile"] == str(profile)
+    recorded = load_profile(profile)
+    assert len(recorded.iterations) == 3 and recorded.framework == "mxnet"
+    assert all(r is not None for r in recorded.iterations[-1].ready_s), recorded.iterations[-1].ready_s
+    trace = perfetto_check(f"{profile}.trace.json")
+    assert sum(1 for _ in events(trace, "ready")) == 5 * len(trace["metadata"]["tensors"])
 
 
 @pytest.mark.slow
