@@ -14,8 +14,11 @@ carries its fields; ``metadata`` holds what the run was (scheduler, backend, wor
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any, Iterator
+
+from byteps_prophet.errors import ConfigError
 
 LANES_PER_TRACK = 1000  # tids of one track: base + lane
 
@@ -93,6 +96,16 @@ def trace_path(template: str, rank: int, primary: bool) -> str:
         return template
     stem, dot, ext = template.rpartition(".")
     return f"{stem}.rank{rank}.{ext}" if dot and "/" not in ext else f"{template}.rank{rank}"
+
+
+def writable(path: str, variable: str = "BYTEPS_PROPHET_TRACE") -> str:
+    """``path`` if its directory exists, checked when training starts rather than when the file is
+    written at its end; ``ConfigError`` (one line, naming ``variable``) if it does not."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"{variable}={path!r}: directory {directory!r} does not exist; "
+                          f"valid: a file path in an existing directory")
+    return path
 
 
 def load(path: str) -> dict:

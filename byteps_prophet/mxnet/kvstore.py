@@ -62,7 +62,7 @@ from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import EngineTraits, MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.core.task import atom_grid
-from byteps_prophet.core.trace import TraceLog, trace_path
+from byteps_prophet.core.trace import TraceLog, trace_path, writable
 from byteps_prophet.errors import UserError
 from byteps_prophet.mxnet.engine import EngineGate, Notifier, copy_raw
 
@@ -172,6 +172,8 @@ class ScheduledKVStore(KVStoreBase):
         # "mirror" it): a follower that sent every gradient when ready would queue its bulk ahead of
         # the urgent pieces the leader held back.
         self.leader = is_leader(kvstore)
+        if self.settings.trace:  # before any thread or socket starts
+            writable(trace_path(self.settings.trace, self.rank, primary=self.leader))
         self._channel = self._order_channel()
         self._mirror = self._channel is not None and not self.leader
         local = self.settings if self.leader else self.settings.replace(scheduler="fifo")

@@ -46,7 +46,7 @@ from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
-from byteps_prophet.core.trace import TraceLog, trace_path
+from byteps_prophet.core.trace import TraceLog, trace_path, writable
 from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.torch.compression import Compression
 
@@ -149,7 +149,12 @@ class _Engine:
         self.closed = False
         # BYTEPS_PROPHET_TRACE=PATH: every rank logs its events with their times (docs/PYTORCH.md)
         self._trace_path = settings.trace or None
-        self.trace: TraceLog | None = TraceLog(backend.rank, f"rank {backend.rank}") if self._trace_path else None
+        self.trace: TraceLog | None = None
+        if self._trace_path:
+            writable(trace_path(self._trace_path, backend.rank, primary=backend.rank == 0))
+            self.trace = TraceLog(backend.rank, f"rank {backend.rank}")
+        if profile_path and ("{rank}" in profile_path or backend.rank == 0):  # checked before any thread starts
+            writable(profile_path.replace("{rank}", str(backend.rank)), "BYTEPS_PROPHET_PROFILE")
         self._planned_seen = 0
 
         group_of = {id(p): g for g in opt.param_groups for p in g["params"]}

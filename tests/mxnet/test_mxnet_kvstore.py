@@ -5,6 +5,7 @@ Fast tests: atom grids, settings errors, the engine gate. Slow tests start a rea
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -110,6 +111,35 @@ def test_leader_measures_the_link_like_the_torch_plugin(monkeypatch):
     monkeypatch.setenv("BYTEPS_PROPHET_LINK", "bogus")
     with pytest.raises(ConfigError, match="BYTEPS_PROPHET_LINK='bogus' is invalid; valid: measured, core"):
         skv.create("local")
+
+
+@pytest.mark.parametrize("variable", ["BYTEPS_PROPHET_TRACE", "PROPHET_MXNET_TIMELINE"])
+def test_the_store_writes_the_one_trace_format(tmp_path, variable, perfetto_check):
+    """The store's trace is the torch plugin's format (Perfetto's fields, metadata, one ready/done per
+    gradient and step, atom spans); the old variable still works, with a warning; a path in a missing
+    directory is refused at once, in one line."""
+    path = tmp_path / "kv.json"
+    with pytest.warns(FutureWarning) if variable.startswith("PROPHET_") else contextlib.nullcontext():
+        settings = Settings.from_env({variable: str(path), "BYTEPS_SCHEDULER": "prophet"})
+    kv = skv.create("local", settings=settings)
+    try:
+        kv.init(3, mx.nd.ones((10, 4)))
+        for step in range(3):
+            out = mx.nd.zeros((10, 4))
+            kv.pushpull(3, mx.nd.ones((10, 4)) * step, out=out)
+            kv.flush(timeout=30)
+            assert out.asnumpy().tolist() == [[float(step)] * 4] * 10
+    finally:
+        kv.close()
+    doc = perfetto_check(path)
+    assert doc["metadata"]["scheduler"] == "prophet" and doc["metadata"]["tensors"] == [[0, "3", [10, 4], 160]]
+    for kind in ("ready", "done"):
+        assert sorted(e["args"]["iteration"] for e in events(doc, kind)) == [0, 1, 2], kind
+    atoms = list(events(doc, "atom"))
+    assert atoms and all(e["ph"] == "X" and e["dur"] >= 0 for e in atoms)
+    assert {e["args"]["seq"] for e in atoms} == {1, 2, 3}
+    with pytest.raises(ConfigError, match="BYTEPS_PROPHET_TRACE=.*missing.* does not exist"):
+        skv.create("local", settings=settings.replace(trace=str(tmp_path / "missing" / "kv.json")))
 
 
 def test_invalid_scheduler_is_one_line_error():

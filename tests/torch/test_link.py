@@ -186,6 +186,14 @@ def test_plugin_installs_link_monitor_and_writes_trace(tmp_path, monkeypatch, pe
     assert data["metadata"]["scheduler"] == "prophet" and len(data["metadata"]["tensors"]) == 4
 
 
+@pytest.mark.parametrize("variable", ["BYTEPS_PROPHET_TRACE", "BYTEPS_PROPHET_PROFILE"])
+def test_a_path_in_a_missing_directory_stops_the_start_not_the_end(tmp_path, monkeypatch, variable):
+    monkeypatch.setenv(variable, str(tmp_path / "missing" / "x.json"))
+    with pytest.raises(ConfigError) as err:
+        _mlp_opt(scheduler="prophet")
+    assert variable in str(err.value) and "missing" in str(err.value) and "\n" not in str(err.value)
+
+
 def test_link_mode_core_and_invalid(monkeypatch):
     monkeypatch.setenv("BYTEPS_PROPHET_LINK", "core")
     _, opt = _mlp_opt(scheduler="prophet")
