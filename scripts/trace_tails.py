@@ -19,26 +19,26 @@ import json
 import statistics
 import sys
 
+from byteps_prophet.core import trace
+
 
 def load(path: str) -> dict[int, dict]:
     """Per iteration: ready times, end of backward, ops (submit and completion times), forward waits."""
-    try:
-        with open(path) as f:
-            events = json.load(f)["events"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not a trace file ({type(err).__name__}: {err})") from None
+    doc = trace.load(path)  # ValueError: not a trace file
     iterations: dict[int, dict] = {}
-    for event in events:
-        it = iterations.setdefault(event[1], {"ready": [], "eob": None, "ops": [], "wait": 0.0})
-        kind = event[0]
-        if kind == "ready":
-            it["ready"].append(event[4])
-        elif kind == "eob":
-            it["eob"] = event[2]
-        elif kind == "op":
-            it["ops"].append({"submit": event[6], "done": event[8]})
-        elif kind == "wait":
-            it["wait"] += event[4] - event[3]
+
+    def it(event):
+        return iterations.setdefault(event["args"]["iteration"], {"ready": [], "eob": None, "ops": [], "wait": 0.0})
+
+    for event in trace.events(doc, "ready"):
+        it(event)["ready"].append(trace.seconds(event["ts"]))
+    for event in trace.events(doc, "eob"):
+        it(event)["eob"] = trace.seconds(event["ts"])
+    for event in trace.events(doc, "op"):
+        it(event)["ops"].append({"submit": trace.seconds(event["args"].get("submit_ts")),
+                                 "done": trace.seconds(event["ts"] + event["dur"])})
+    for event in trace.events(doc, "wait"):
+        it(event)["wait"] += event["dur"] / 1e6
     return iterations
 
 

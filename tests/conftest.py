@@ -1,6 +1,8 @@
 """Fixtures shared by the test folders."""
 from __future__ import annotations
 
+import collections
+import json
 import os
 import sys
 
@@ -34,3 +36,44 @@ def run_switch_script():
         return runs
 
     return run
+
+
+PERFETTO_FIELDS = ("name", "ph", "ts", "pid", "tid")
+
+
+def _assert_loads_in_perfetto(path) -> dict:
+    """The file is JSON in the trace-event object form with the fields Perfetto's importer needs: every
+    event has name, ph, pid, tid (and ts unless it is metadata), complete events a duration >= 0, and
+    no two complete events of one thread overlap unless nested. Returns the document."""
+    with open(path) as f:
+        doc = json.load(f)
+    assert isinstance(doc["traceEvents"], list) and doc["traceEvents"], path
+    threads = collections.defaultdict(list)
+    for e in doc["traceEvents"]:
+        assert e["ph"] in ("X", "i", "M"), e
+        for field in PERFETTO_FIELDS:
+            assert field in e or (field == "ts" and e["ph"] == "M"), (field, e)
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0, e
+            threads[e["pid"], e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
+        elif e["ph"] == "M":
+            assert e["name"] in ("process_name", "thread_name", "thread_sort_index"), e
+    for spans in threads.values():
+        spans.sort(key=lambda s: (s[0], -s[1]))
+        open_ends: list[float] = []
+        for start, end in spans:
+            while open_ends and open_ends[-1] <= start:
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1], f"{path}: spans overlap without nesting"
+            open_ends.append(end)
+    names = {(e["pid"], e["tid"]) for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in doc["traceEvents"]} <= names, "a thread without a thread_name"
+    assert isinstance(doc["metadata"], dict)
+    return doc
+
+
+@pytest.fixture
+def perfetto_check():
+    """``check(path)``: the trace file loads as Perfetto needs it (see ``_assert_loads_in_perfetto``)."""
+    return _assert_loads_in_perfetto

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from byteps_prophet.core.settings import ENVIRONMENT, Settings
+from byteps_prophet.core.settings import ENVIRONMENT, PATHS, RENAMED, Settings
 from byteps_prophet.errors import ConfigError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -26,16 +26,33 @@ def test_each_variable_is_read(field):
     """Setting a variable changes its field (so a renamed or dropped read fails here)."""
     name, _ = ENVIRONMENT[field]
     default = getattr(Settings(), field)
-    other = {bool: "1", str: {"scheduler": "prophet", "prophet_mode": "paper", "link_monitor": "core"}.get(field),
-             int: "7", float: "3.5"}[type(default)]
+    names = {"scheduler": "prophet", "prophet_mode": "paper", "link_monitor": "core", "backend": "gloo",
+             "trace": "/tmp/Trace-{rank}.json", "profile": "/tmp/P.json"}
+    other = {bool: "0" if default else "1", str: names.get(field), int: "7", float: "3.5"}[type(default)]
     if field in ("partition", "credit", "profile_iterations"):
         other = "7"
     assert getattr(Settings.from_env({name: other}), field) != default
 
 
-@pytest.mark.parametrize("field", sorted(f for f in ENVIRONMENT if f not in ("credit_tuning",)))
+@pytest.mark.parametrize("field", sorted(f for f in ENVIRONMENT if f not in ("credit_tuning", *PATHS)))
 def test_a_bad_value_is_one_line_naming_the_variable(field):
     name, _ = ENVIRONMENT[field]
     with pytest.raises(ConfigError) as err:
         Settings.from_env({name: "-1x"})
     assert name in str(err.value) and "valid:" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_path_is_kept_as_written():
+    assert Settings.from_env({"BYTEPS_PROPHET_TRACE": " /tmp/Run-{rank}.JSON "}).trace == "/tmp/Run-{rank}.JSON"
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_an_old_name_still_works_with_a_warning(old):
+    new = RENAMED[old]
+    field = next(f for f, (name, _) in ENVIRONMENT.items() if name == new)
+    value = "/tmp/t.json" if field in PATHS else "7"
+    with pytest.warns(FutureWarning, match=f"{old} is renamed {new}"):
+        got = Settings.from_env({old: value})
+    assert str(getattr(got, field)) == value
+    with pytest.warns(FutureWarning):  # the new name wins when both are set
+        assert str(getattr(Settings.from_env({old: value, new: "9"}), field)) == "9"

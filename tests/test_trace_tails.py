@@ -4,15 +4,30 @@ import subprocess
 import sys
 from pathlib import Path
 
+from byteps_prophet.core.trace import TraceLog
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "trace_tails.py"
 
 
 def _trace(path, events):
-    path.write_text(json.dumps({"meta": {}, "events": events}))
+    """Write a trace with the plugins' writer: (kind, iteration, ...) tuples as the torch plugin logs them."""
+    log = TraceLog(0, "rank 0")
+    for kind, it, *rest in events:
+        if kind == "ready":
+            log.instant("ready", f"g{rest[0]}", rest[2], iteration=it, index=rest[0], bytes=rest[1])
+        elif kind == "eob":
+            log.instant("eob", "end of backward", rest[0], iteration=it)
+        elif kind == "op":
+            submit, done = rest
+            log.span("op", "g0", submit, done, iteration=it, index=0, rows=[0, 1], bytes=1000,
+                     submit_ts=submit * 1e6, issue_ts=submit * 1e6)
+        elif kind == "wait":
+            log.span("wait", "forward waits", rest[1], rest[2], track="training", iteration=it, index=rest[0])
+    log.save(str(path), {})
 
 
 def _op(it, submit, done):
-    return ["op", it, 0, 0, 1, 1000, submit, submit, done, None, None, None]
+    return ["op", it, submit, done]
 
 
 def test_tail_is_measured_from_the_slowest_workers_end_of_backward(tmp_path):

@@ -39,8 +39,8 @@ def register(subparsers) -> None:
     p.add_argument("--bucket-sweep", default="0.5,1,2,5,10,25,50", metavar="MB,MB,...",
                    help="DDP bucket sizes the ddp_tuned variant's tuning run tries, --tune-steps steps each")
     p.add_argument("--record", default=None, metavar="DIR",
-                   help="write each run's profile (for `simulate --profile`) and rank-0 event trace (MXNet: the store's "
-                        "timeline) into DIR")
+                   help="write each run's profile (for `simulate --profile`) and event traces (Chrome trace JSON, "
+                        "for ui.perfetto.dev) into DIR")
     p.add_argument("--pool", nargs="+", default=None, metavar="JSON",
                    help="run nothing: summarise together the rounds of earlier `ab --json` outputs of the same "
                         "configuration (table, --json, --plot as for a run)")

@@ -250,8 +250,7 @@ class ABRunner:
             base = os.path.join(os.path.abspath(cfg.record), f"{variant}{tag}")
             recorded = {"profile": base + ".profile.json", "trace": base + ".trace.json"}
             env["BYTEPS_PROPHET_PROFILE"] = recorded["profile"]
-            # torch's event trace; the MXNet stores' timeline (the profile's ready times come from it)
-            env["BYTEPS_PROPHET_TRACE" if cfg.framework == "torch" else "PROPHET_MXNET_TIMELINE"] = recorded["trace"]
+            env["BYTEPS_PROPHET_TRACE"] = recorded["trace"]  # both frameworks' (docs/PYTORCH.md, docs/MXNET.md)
         result = cluster.run(command, env=env, timeout=cfg.timeout, output=sink)
         if cfg.bandwidth_schedule and cluster.use_netns:
             cluster.set_bandwidth(cfg.bandwidth)

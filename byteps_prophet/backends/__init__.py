@@ -10,8 +10,7 @@
 Backends are framework-level but scheduler-free: the plugin owns the scheduler and its lock.
 """
 from byteps_prophet.backends.base import Backend, BackendError, LocalBackend, Op, OrderMismatch
-
-BACKENDS = ("gloo", "nccl", "byteps", "local")
+from byteps_prophet.core.settings import BACKENDS
 
 
 def make_backend(name: str, **kwargs) -> Backend:

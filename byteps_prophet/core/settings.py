@@ -15,8 +15,12 @@ from byteps_prophet.errors import ConfigError
 SCHEDULERS = ("fifo", "bytescheduler", "prophet")
 PROPHET_MODES = ("default", "paper")
 LINK_MONITORS = ("measured", "core")
+BACKENDS = ("gloo", "nccl", "byteps", "local")  # the torch plugin's (backends.make_backend)
 # Old names still read, with a warning, when the new one is unset: old -> new.
-RENAMED = {"PROPHET_MXNET_ATOM_ELEMENTS": "BYTEPS_PROPHET_ATOM_ELEMENTS"}
+RENAMED = {"PROPHET_MXNET_ATOM_ELEMENTS": "BYTEPS_PROPHET_ATOM_ELEMENTS",
+           "PROPHET_MXNET_TIMELINE": "BYTEPS_PROPHET_TRACE"}
+# Fields whose value is a path: kept as written (other strings are names, read case-insensitively).
+PATHS = ("trace", "profile")
 
 DEFAULT_PARTITION = 1_000_000  # elements, as in ByteScheduler
 DEFAULT_CREDIT = 4_000_000  # elements, as in ByteScheduler
@@ -39,6 +43,15 @@ class Settings:
     # Engine side (the plugins).
     atom_elements: int = 0  # Prophet's fixed atoms on BytePS and the MXNet stores; 0 = the engine's default
     link_monitor: str = "measured"  # how the plugins measure their link: LinkMonitor, or the core's monitor
+    # Prophet's queued pieces in the torch plugin, elements; -1 = derived (torch/optimizer.py), 0 = the partition
+    prophet_partition: int = -1
+    # The torch plugin.
+    backend: str = ""  # gloo, nccl, byteps, local; "" = from the process (torch.distributed, DMLC_ROLE, WORLD_SIZE)
+    overlap: bool = True  # layer-wise overlap: a forward waits only for its own layer's update
+    layerwise: bool = True  # per-parameter update as each gradient is synchronised
+    # Diagnostics.
+    trace: str = ""  # PATH ({rank} replaced): each rank's events as Chrome trace JSON (core/trace.py); "" = none
+    profile: str = ""  # PATH ({rank} replaced): the recorded profile (docs/PROFILE.md); "" = none
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -60,6 +73,9 @@ class Settings:
                  "an integer >= 0 (elements; 0 = the engine's default)")
         _require(self.link_monitor in LINK_MONITORS, "BYTEPS_PROPHET_LINK", self.link_monitor,
                  ", ".join(LINK_MONITORS))
+        _require(self.prophet_partition >= -1, "BYTEPS_PROPHET_PARTITION", self.prophet_partition,
+                 ENVIRONMENT["prophet_partition"][1])
+        _require(self.backend in ("", *BACKENDS), "BYTEPS_PROPHET_BACKEND", self.backend, ", ".join(BACKENDS))
 
     def replace(self, **changes) -> "Settings":
         return dataclasses.replace(self, **changes)
@@ -73,7 +89,10 @@ class Settings:
             name, valid = ENVIRONMENT[field.name]
             raw = env.get(name)
             if raw is not None and raw.strip():
-                values[field.name] = _convert(name, raw.strip(), type(field.default), valid)
+                values[field.name] = raw.strip() if field.name in PATHS else \
+                    _convert(name, raw.strip(), type(field.default), valid)
+        if env.get("BYTESCHEDULER_PARTITION", "").strip():
+            values["prophet_partition"] = 0  # a partition set is Prophet's partition too (docs/PYTORCH.md)
         return cls(**values)
 
 
@@ -91,6 +110,12 @@ ENVIRONMENT = {
     "max_chunk_bytes": ("PROPHET_MAX_CHUNK_BYTES", "an integer >= 0"),
     "atom_elements": ("BYTEPS_PROPHET_ATOM_ELEMENTS", "an integer >= 0 (elements)"),
     "link_monitor": ("BYTEPS_PROPHET_LINK", ", ".join(LINK_MONITORS)),
+    "prophet_partition": ("BYTEPS_PROPHET_PARTITION", "an integer >= 0 (elements; 0 = BYTESCHEDULER_PARTITION)"),
+    "backend": ("BYTEPS_PROPHET_BACKEND", ", ".join(BACKENDS)),
+    "overlap": ("BYTEPS_PROPHET_OVERLAP", "0, 1"),
+    "layerwise": ("BYTEPS_PROPHET_LAYERWISE", "0, 1"),
+    "trace": ("BYTEPS_PROPHET_TRACE", "a file path ({rank} is replaced by the rank)"),
+    "profile": ("BYTEPS_PROPHET_PROFILE", "a file path ({rank} is replaced by the rank)"),
 }
 
 

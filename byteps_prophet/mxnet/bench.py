@@ -63,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="expected number of workers (checked against DMLC_NUM_WORKER's job)")
     parser.add_argument("--progress", action="store_true",
                         help="print '#progress STEP' on stdout after each timed step (worker 0)")
+    parser.add_argument("--hybridize", action="store_true",
+                        help="hybridize the model (static_alloc, static_shape) before training")
     parser.add_argument("--comm-only", action="store_true",
                         help="time only the synchronisation of the model's gradients over the unwrapped store "
                              "(push then pull of every gradient-shaped buffer, no compute, no scheduler; kvstore)")
@@ -119,10 +121,10 @@ def run(args: argparse.Namespace) -> dict | None:
         if args.backend != "kvstore":
             raise UserError(f"--comm-only with --backend {args.backend}; valid: --backend kvstore")
         return comm_only(args, mx.kv.create(args.kvstore))
-    profile_path = os.environ.get("BYTEPS_PROPHET_PROFILE") or None
-    if profile_path and args.backend != "local" and not os.environ.get("PROPHET_MXNET_TIMELINE"):
-        # the store's timeline holds when each gradient was staged: the profile's ready times
-        os.environ["PROPHET_MXNET_TIMELINE"] = profile_path + ".timeline.json"
+    profile_path = settings.profile or None
+    if profile_path and args.backend != "local" and not settings.trace:
+        # the store's trace holds when each gradient was staged: the profile's ready times
+        settings = settings.replace(trace=profile_path + ".trace.json")
     if args.backend == "local":
         kv = _Alone()
     elif args.backend == "byteps":
@@ -135,7 +137,7 @@ def run(args: argparse.Namespace) -> dict | None:
     mx.random.seed(1)
     net = models.build(args.model, width=args.width)
     net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
-    if os.environ.get("BPP_BENCH_HYBRIDIZE", "0") == "1":
+    if args.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
     shape = models.input_shape(args.model, args.batch, args.input_size)
     rng = np.random.RandomState(kv.rank)
@@ -273,15 +275,17 @@ def comm_only(args, kv) -> dict:
 
 
 def write_profile(path: str, kv, net, marks: list[float], end: float, args) -> str | None:
-    """The timed steps' profile (docs/PROFILE.md) from the store's timeline: each gradient's ready time is
+    """The timed steps' profile (docs/PROFILE.md) from the store's trace: each gradient's ready time is
     when the store staged it, relative to the step's backward start (its loss computed). Forward times
     are not recorded (the simulator takes half of each backward time). Parameters are named by their
     store key (their index in ``collect_params()``, forward order)."""
     from byteps_prophet.profile import ProfileRecorder
 
-    timeline, t0 = getattr(kv, "_timeline", None), getattr(kv, "_t0", None)
-    if not timeline or t0 is None or not marks:
-        print("bench: profile not written: the store kept no timeline", file=sys.stderr)
+    from byteps_prophet.core.trace import events, seconds
+
+    log = getattr(kv, "trace", None)
+    if log is None or not len(log) or not marks:
+        print("bench: profile not written: the store kept no trace", file=sys.stderr)
         return None
     params = list(net.collect_params().values())
     tensors = [(str(i), p.shape) for i, p in enumerate(params) if p.grad_req != "null"]
@@ -289,7 +293,7 @@ def write_profile(path: str, kv, net, marks: list[float], end: float, args) -> s
                                world_size=kv.num_workers, meta={"backend": args.backend, "width": args.width})
     names = {name for name, _ in tensors}
     bounds = marks + [end]
-    ready = [(t0 + event[0], event[2]) for event in timeline if event[1] == "ready" and event[2] in names]
+    ready = [(seconds(e["ts"]), e["name"]) for e in events(log.document(), "ready") if e["name"] in names]
     for k, start in enumerate(marks):
         recorder.begin_iteration(start)
         for t, name in ready:

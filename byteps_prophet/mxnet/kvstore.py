@@ -62,6 +62,7 @@ from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import EngineTraits, MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.core.task import atom_grid
+from byteps_prophet.core.trace import TraceLog, trace_path, writable
 from byteps_prophet.errors import UserError
 from byteps_prophet.mxnet.engine import EngineGate, Notifier, copy_raw
 
@@ -171,6 +172,8 @@ class ScheduledKVStore(KVStoreBase):
         # "mirror" it): a follower that sent every gradient when ready would queue its bulk ahead of
         # the urgent pieces the leader held back.
         self.leader = is_leader(kvstore)
+        if self.settings.trace:  # before any thread or socket starts
+            writable(trace_path(self.settings.trace, self.rank, primary=self.leader))
         self._channel = self._order_channel()
         self._mirror = self._channel is not None and not self.leader
         local = self.settings if self.leader else self.settings.replace(scheduler="fifo")
@@ -208,14 +211,11 @@ class ScheduledKVStore(KVStoreBase):
         self._stopping = False
         self.steps_closed_idle = 0
         self._blocked = 0
-        # PROPHET_MXNET_TIMELINE=PATH: the leader writes (seconds, event, gradient, iteration[, rows])
-        # for every ready/send/issue/atom_done/done to PATH (JSON) at close, to see where a step's time
-        # goes; every other worker writes its own to PATH.rank<ps-lite rank>.
-        self._timeline_path = os.environ.get("PROPHET_MXNET_TIMELINE")
-        if self._timeline_path and not self.leader:
-            self._timeline_path += f".rank{self.rank}"
-        self._timeline: list | None = [] if self._timeline_path else None
-        self._t0 = time.monotonic()
+        # BYTEPS_PROPHET_TRACE=PATH: every ready/send/atom/done as a Chrome trace (core/trace.py), written
+        # at close by the leader to PATH and by every other worker beside it (docs/MXNET.md, "Trace").
+        self.trace = TraceLog(self.rank, f"worker {self.rank}") if self.settings.trace else None
+        self._issued: dict[tuple[int, int], float] = {}  # (id(sync), atom) -> when it was issued
+        self._planned_seen = 0
         self._probe = threading.Thread(target=self._probe_loop, name="bpp-mx-probe", daemon=True)
         self._probe.start()
         self._order_lost = False
@@ -515,6 +515,7 @@ class ScheduledKVStore(KVStoreBase):
                         self._trace("ready", sync.task.name, iteration)
                         sync.ready = True
                         self.scheduler.post(sync.task)
+                        self._trace_plan(iteration)
                     self._after_lock()
                 with self._lock:
                     self.scheduler.end_of_backward(iteration)
@@ -553,7 +554,7 @@ class ScheduledKVStore(KVStoreBase):
 
     # -- the transport the scheduler drives --------------------------------------------------------------
     def send(self, piece: Task) -> None:  # called with _lock held
-        self._trace("send", piece.name, piece.iteration, piece.row_start, piece.row_end)
+        self._trace("send", piece.name, piece.iteration, rows=[piece.row_start, piece.row_end])
         sync: _Sync = piece.root.payload
         entry = sync.key
         waiting = 0
@@ -577,7 +578,8 @@ class ScheduledKVStore(KVStoreBase):
         entry = sync.key
         atom_key = entry.atoms[j][2]
         sync.state[j] = _SENT
-        self._trace("issue", sync.task.name, sync.task.iteration, j, sync.seq)
+        if self.trace is not None:
+            self._issued[id(sync), j] = time.monotonic()
         buf = entry.abufs[j]
         self._transfer(atom_key, buf, -index)
         sync.sent_count += 1
@@ -598,7 +600,11 @@ class ScheduledKVStore(KVStoreBase):
 
     def _atom_done(self, sync: _Sync, j: int) -> None:  # an engine worker, the atom's result written
         with self._lock:
-            self._trace("atom_done", sync.task.name, sync.task.iteration, *sync.key.atoms[j][:2])
+            if self.trace is not None:
+                row_start, row_end, _ = sync.key.atoms[j]
+                self.trace.span("atom", f"{sync.task.name} atom {j}", self._issued.pop((id(sync), j)),
+                                time.monotonic(), iteration=sync.task.iteration, atom=j, seq=sync.seq,
+                                rows=[row_start, row_end])
             sync.state[j] = _DONE
             sync.atoms_done += 1
             if self._mirror and sync.atoms_done == len(sync.key.atoms):
@@ -616,9 +622,27 @@ class ScheduledKVStore(KVStoreBase):
             self.scheduler.tick()
         self._after_lock()
 
-    def _trace(self, kind: str, *fields) -> None:
-        if self._timeline is not None:
-            self._timeline.append((round(time.monotonic() - self._t0, 6), kind, *fields))
+    def _trace(self, kind: str, name: str, iteration: int, **fields) -> None:
+        if self.trace is not None:
+            self.trace.instant(kind, name, time.monotonic(), iteration=iteration, **fields)
+
+    def _trace_plan(self, iteration: int) -> None:  # with _lock held: Prophet's prediction schedules it
+        planned = getattr(self.scheduler, "planned_iterations", 0)
+        if self.trace is not None and planned > self._planned_seen:
+            self._planned_seen = planned
+            self._trace("plan", "Prophet plan", iteration)
+
+    def save_trace(self) -> str | None:
+        """The trace: the leader's at ``BYTEPS_PROPHET_TRACE``, every other worker's beside it."""
+        if self.trace is None:
+            return None
+        meta = {"framework": "mxnet", "scheduler": self.settings.scheduler, "backend": self.engine_name,
+                "rank": self.rank, "world_size": self.num_workers, "leader": self.leader, "mirror": self._mirror,
+                "serializations": self.traits.stages,
+                "planned_iterations": getattr(self.scheduler, "planned_iterations", None) if self.leader else None,
+                "tensors": [[e.order, str(e.key), list(e.shape), int(np.prod(e.shape)) * np.dtype(e.dtype).itemsize]
+                            for e in self._keys.values()]}
+        return self.trace.save(trace_path(self.settings.trace, self.rank, primary=self.leader), meta)
 
     def _on_done(self, task: Task) -> None:  # called with _lock held
         self._trace("done", task.name, task.iteration)
@@ -685,11 +709,7 @@ class ScheduledKVStore(KVStoreBase):
             self._channel.close()
         if self._follower is not None:
             self._follower.join(timeout=5)
-        if self._timeline_path:
-            import json
-            with open(self._timeline_path, "w") as f:
-                json.dump({"scheduler": self.settings.scheduler, "leader": self.leader, "mirror": self._mirror,
-                           "t0": self._t0, "events": self._timeline}, f)
+        self.save_trace()
         if isinstance(self._real, mx.kv.KVStore):
             self._leave_job()
 

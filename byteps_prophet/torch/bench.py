@@ -113,7 +113,7 @@ def run(args) -> int:
     from byteps_prophet.torch.models import build, synthetic_batch
     from byteps_prophet.torch.optimizer import default_backend_name
 
-    backend = make_backend(args.backend or default_backend_name())
+    backend = make_backend(args.backend or default_backend_name(settings))
     if ddp and backend.name not in ("gloo", "nccl"):
         raise UserError(f"--ddp needs a torch.distributed backend; valid: --backend gloo (got {backend.name})")
     if args.stock_byteps and (backend.name != "byteps" or settings.scheduler != "fifo"):

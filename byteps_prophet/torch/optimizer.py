@@ -21,9 +21,10 @@ optimizer's own class that shares its parameter groups and state. Per iteration:
 Failures on any thread (a dead peer, an order mismatch) are raised in the training thread at the
 next hook, forward, ``step()`` or ``synchronize()``.
 
-Environment (besides the scheduler's): ``BYTEPS_PROPHET_BACKEND`` (gloo|nccl|byteps|local),
-``BYTEPS_PROPHET_PROFILE`` (write the recorded profile there; ``{rank}`` is replaced, otherwise only
-rank 0 writes), ``BYTEPS_PROPHET_OVERLAP=0`` (``step()`` waits for every update: needed when
+Configuration comes from ``Settings`` (read once from the environment; README "Settings"): besides the
+scheduler's, ``BYTEPS_PROPHET_BACKEND`` (gloo|nccl|byteps|local), ``BYTEPS_PROPHET_PROFILE`` (write
+the recorded profile there; ``{rank}`` is replaced, otherwise only rank 0 writes),
+``BYTEPS_PROPHET_TRACE``, ``BYTEPS_PROPHET_OVERLAP=0`` (``step()`` waits for every update: needed when
 parameters are used outside their module's forward), ``BYTEPS_PROPHET_LAYERWISE=0`` (no per-parameter
 update: ``step()`` waits for synchronisation, then steps the whole optimizer; use it for gradient
 clipping between ``synchronize()`` and ``step()``).
@@ -45,6 +46,7 @@ from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
+from byteps_prophet.core.trace import TraceLog, trace_path, writable
 from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.torch.compression import Compression
 
@@ -53,19 +55,10 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat
 WAIT_SLICE = 1.0  # seconds between checks for a failure while waiting
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw == "":
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}={raw!r} is not a boolean; valid: 0, 1")
-
-
-def default_backend_name() -> str:
-    name = os.environ.get("BYTEPS_PROPHET_BACKEND", "").strip().lower()
+def default_backend_name(settings: Settings | None = None) -> str:
+    """``BYTEPS_PROPHET_BACKEND`` (``settings.backend``), else what the process is: an initialised
+    torch.distributed group's, a BytePS worker's, gloo for several ranks, local for one."""
+    name = (Settings.from_env() if settings is None else settings).backend
     if name:
         return name
     import torch.distributed as dist
@@ -85,25 +78,20 @@ PROPHET_PARTITION = 4_000_000  # elements: Prophet's pieces in the queue; its ow
 def _prophet_settings(settings: Settings, pulls_follow_pushes: bool = False) -> Settings:
     """Prophet cuts pieces to its predictions itself; ByteScheduler's 1 M-element partition only adds
     messages, and on the real engines every message pays a start-up latency (docs/history/AB-notebook.md). So, unless
-    a partition is set (``BYTESCHEDULER_PARTITION`` or a non-default ``Settings.partition``), Prophet
-    queues pieces of ``BYTEPS_PROPHET_PARTITION`` elements (0 keeps the ByteScheduler partition):
+    a partition is set (``BYTESCHEDULER_PARTITION``, which makes ``Settings.prophet_partition`` 0, or a
+    non-default ``Settings.partition``), Prophet queues pieces of ``BYTEPS_PROPHET_PARTITION``
+    (``Settings.prophet_partition``) elements (0 keeps the ByteScheduler partition):
     by default 4 M, ByteScheduler's default credit, on all-reduce; where pulls follow pushes (BytePS)
     0, since every chunk there is at most 2 MiB anyway and a step the link keeps up with goes under
     ByteScheduler's credit, where 4 M pieces kept one piece in flight (resnet b32 1 Gbit/s: Prophet
     0.864x of FIFO with them, docs/history/AB-notebook.md section 24)."""
     from byteps_prophet.core.settings import DEFAULT_PARTITION
 
-    if (settings.scheduler != "prophet" or settings.partition != DEFAULT_PARTITION
-            or os.environ.get("BYTESCHEDULER_PARTITION", "").strip()):
+    if settings.scheduler != "prophet" or settings.partition != DEFAULT_PARTITION:
         return settings
-    raw = os.environ.get("BYTEPS_PROPHET_PARTITION", "").strip() or str(0 if pulls_follow_pushes else PROPHET_PARTITION)
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"BYTEPS_PROPHET_PARTITION={raw!r} is invalid; valid: an integer >= 0 (elements; 0 = "
-                          f"BYTESCHEDULER_PARTITION)")
+    value = settings.prophet_partition
+    if value < 0:  # unset: derived from the engine
+        value = 0 if pulls_follow_pushes else PROPHET_PARTITION
     return settings.replace(partition=value) if value else settings
 
 
@@ -160,8 +148,14 @@ class _Engine:
         self._pending_count = 0
         self.closed = False
         # BYTEPS_PROPHET_TRACE=PATH: every rank logs its events with their times (docs/PYTORCH.md)
-        self._trace_path = os.environ.get("BYTEPS_PROPHET_TRACE") or None
-        self.trace: list | None = [] if self._trace_path else None
+        self._trace_path = settings.trace or None
+        self.trace: TraceLog | None = None
+        if self._trace_path:
+            writable(trace_path(self._trace_path, backend.rank, primary=backend.rank == 0))
+            self.trace = TraceLog(backend.rank, f"rank {backend.rank}")
+        if profile_path and ("{rank}" in profile_path or backend.rank == 0):  # checked before any thread starts
+            writable(profile_path.replace("{rank}", str(backend.rank)), "BYTEPS_PROPHET_PROFILE")
+        self._planned_seen = 0
 
         group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
         self.params: list[_Param] = []
@@ -274,12 +268,15 @@ class _Engine:
                 self._bwd_start, self._bwd_marked = max(start, self._iter_begin), True
             self._recorder.gradient_ready(entry.name, max(now, self._bwd_start))
         if self.trace is not None:
-            self.trace.append(["ready", self.iteration, entry.index, wire.numel() * wire.element_size(), now])
+            self.trace.instant("ready", entry.name, now, iteration=self.iteration, index=entry.index,
+                               bytes=wire.numel() * wire.element_size())
         with self.lock:
             self._outstanding[self.iteration] = self._outstanding.get(self.iteration, 0) + 1
             if self.leader:
                 self.scheduler.post(Task(entry.name, entry.index, tuple(wire.shape) or (1,), wire.element_size(),
                                          self.iteration, payload=entry))
+                if self.trace is not None:
+                    self._trace_plan(self.iteration, now)
         if not self.leader:
             self.sync.local_ready(self.iteration, entry.name, entry.payload)
 
@@ -294,7 +291,7 @@ class _Engine:
             return
         iteration = self.iteration
         if self.trace is not None:
-            self.trace.append(["eob", iteration, self.clock.now()])
+            self.trace.instant("eob", "end of backward", self.clock.now(), iteration=iteration)
         with self.lock:
             self._backward_ended = True
             if self.leader:
@@ -312,6 +309,13 @@ class _Engine:
             self._ends_sent.add(iteration)
             self._ends_sent.discard(iteration - 8)
             self.sync.end_iteration(iteration)
+
+    def _trace_plan(self, iteration: int, now: float) -> None:
+        """Leader, under lock: a ``plan`` event for an iteration Prophet's prediction schedules."""
+        planned = getattr(self.scheduler, "planned_iterations", 0)
+        if planned > self._planned_seen:
+            self._planned_seen = planned
+            self.trace.instant("plan", "Prophet plan", now, iteration=iteration)
 
     # -- the Transport contract (called by the scheduler, under lock) ---------------------------------
     def send(self, piece: Task) -> None:
@@ -343,22 +347,29 @@ class _Engine:
                 done, self._done = self._done, []
                 if self.trace is not None:
                     bw = self.scheduler.bandwidth
-                    piece = op.piece
-                    self.trace.append(["op", op.iteration, piece.index, op.row_start, op.row_end, piece.nbytes,
-                                       op.extra.get("submit"), op.extra.get("issue"), now,
-                                       bw.bytes_per_s, bw.message_cost, bw.latency])
+                    self._trace_op(op, op.piece.index, op.piece.nbytes, now, op.extra.get("submit"),
+                                   bandwidth_Bps=bw.bytes_per_s, message_cost_s=bw.message_cost,
+                                   latency_s=bw.latency)
         else:
             entry = self.by_name[op.name]
-            if self.trace is not None:  # the leader's layout; the scheduler's fields are rank 0's
-                self.trace.append(["op", op.iteration, entry.index, op.row_start, op.row_end,
-                                   op.tensor.numel() * op.tensor.element_size(), None, op.extra.get("issue"),
-                                   self.clock.now(), None, None, None])
+            if self.trace is not None:  # the leader's fields; the scheduler's are rank 0's
+                self._trace_op(op, entry.index, op.tensor.numel() * op.tensor.element_size(), self.clock.now(), None)
             entry.rows_left -= op.row_end - op.row_start
             done = [entry] if entry.rows_left == 0 else []
             if entry.rows_left < 0:
                 raise BackendError(f"rank {self.backend.rank}: rows of {op.name!r} synchronised twice")
         for entry in done:
             self._synchronised(entry)
+
+    def _trace_op(self, op: Op, index: int, nbytes: int, done: float, submit: float | None, **leader) -> None:
+        """One op as a span from its submission to the scheduler's transport (the leader) or its issue to
+        the engine (a follower) to its completion."""
+        issue = op.extra.get("issue")
+        start = submit if submit is not None else issue if issue is not None else done
+        self.trace.span("op", op.name, start, done, iteration=op.iteration, index=index,
+                        rows=[op.row_start, op.row_end], bytes=nbytes,
+                        submit_ts=None if submit is None else round(submit * 1e6, 3),
+                        issue_ts=None if issue is None else round(issue * 1e6, 3), **leader)
 
     def _synchronised(self, entry: _Param) -> None:
         p = entry.param
@@ -427,7 +438,8 @@ class _Engine:
                     # container's waits reach the profile as the next layer's forward time)
                     self._fwd_stack[-1][2] += waited
                 if self.trace is not None and blocked:
-                    self.trace.append(["wait", self.iteration, waiting[0].index, t0, t0 + waited])
+                    self.trace.span("wait", f"forward waits for {waiting[0].name}", t0, t0 + waited,
+                                    track="training", iteration=self.iteration, index=waiting[0].index)
         elif self.error is not None and not self.closed:
             self.raise_if_failed()
         if self._recorder is not None and not self.closed:
@@ -494,24 +506,18 @@ class _Engine:
         return path
 
     def save_trace(self) -> str | None:
+        """The trace (docs/PYTORCH.md, "Trace"): rank 0 at ``BYTEPS_PROPHET_TRACE``, the others beside it."""
         if self.trace is None or not self._trace_path:
             return None
-        import json
-
         rank = self.backend.rank
-        path = self._trace_path.replace("{rank}", str(rank))
-        if rank and path == self._trace_path:  # one PATH for every rank (a shared disk): rank 0 keeps it
-            stem, dot, ext = path.rpartition(".")
-            path = f"{stem}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
-        meta = {"scheduler": self.settings.scheduler, "backend": self.backend.name, "world_size": self.backend.size,
+        path = trace_path(self._trace_path, rank, primary=rank == 0)
+        meta = {"framework": "pytorch", "rank": rank, "scheduler": self.settings.scheduler, "backend": self.backend.name, "world_size": self.backend.size,
                 "serializations": self.traits.stages,
                 # iterations Prophet's prediction scheduled (not its fallback, the credit): leader only
                 "planned_iterations": getattr(self.scheduler, "planned_iterations", None),
                 "tensors": [[e.index, e.name, list(e.param.shape), e.param.numel() * e.param.element_size()]
                             for e in self.params]}
-        with open(path, "w") as f:
-            json.dump({"meta": meta, "events": self.trace}, f)
-        return path
+        return self.trace.save(path, meta)
 
     # -- step -----------------------------------------------------------------------------------------------
     def finish_backward(self) -> None:
@@ -527,7 +533,7 @@ class _Engine:
 
     def step_done(self) -> None:
         if self.trace is not None:
-            self.trace.append(["step", self.iteration, self.clock.now()])
+            self.trace.instant("step", "step", self.clock.now(), iteration=self.iteration)
         if self._recorder is not None and self._iter_open:
             self._iteration_end_pending = True
         self.iteration += 1
@@ -659,9 +665,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          overlap: bool | None = None, layerwise: bool | None = None, **ignored: Any):
     """A drop-in for ``byteps.torch.DistributedOptimizer`` scheduled by FIFO, ByteScheduler or Prophet.
 
-    ``scheduler``/``settings`` override ``BYTEPS_SCHEDULER`` and friends; ``backend`` overrides
-    ``BYTEPS_PROPHET_BACKEND``; ``profile_path`` overrides ``BYTEPS_PROPHET_PROFILE``. Extra BytePS
-    keyword arguments (e.g. ``staleness``) are accepted and ignored.
+    ``settings`` (default ``Settings.from_env()``: every ``BYTEPS_PROPHET_*`` knob, README "Settings")
+    and ``scheduler`` override the environment; ``backend``, ``profile_path``, ``overlap`` and
+    ``layerwise`` override those fields of it. Extra BytePS keyword arguments (e.g. ``staleness``) are
+    accepted and ignored.
     """
     if settings is None:
         settings = Settings.from_env()
@@ -676,11 +683,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     if isinstance(optimizer, _DistributedMixin):
         raise ConfigError("DistributedOptimizer: this optimizer is already distributed; valid: a torch.optim optimizer")
     if backend is None or isinstance(backend, str):
-        backend = make_backend(backend or default_backend_name())
+        backend = make_backend(backend or default_backend_name(settings))
     if profile_path is None:
-        profile_path = os.environ.get("BYTEPS_PROPHET_PROFILE") or None
-    overlap = _env_flag("BYTEPS_PROPHET_OVERLAP", True) if overlap is None else overlap
-    layerwise = _env_flag("BYTEPS_PROPHET_LAYERWISE", True) if layerwise is None else layerwise
+        profile_path = settings.profile or None
+    overlap = settings.overlap if overlap is None else overlap
+    layerwise = settings.layerwise if layerwise is None else layerwise
 
     base = type(optimizer)
     cls = type(base.__name__, (_DistributedMixin, base), {"__module__": __name__})

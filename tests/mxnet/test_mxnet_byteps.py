@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from params_check import assert_every_worker_equals, run_report
+from trace_check import assert_plan_engaged
 
 pytest.importorskip("mxnet")
 
@@ -42,11 +43,13 @@ def results(tmp_path_factory):
         for scheduler in ("fifo", "bytescheduler", "prophet"):
             path = out / f"{scheduler}.npz"
             result = cluster.run([sys.executable, WORKER], timeout=240,
-                                 env=dict(ENV, BYTEPS_SCHEDULER=scheduler, BPP_OUT=str(path)))
+                                 env=dict(ENV, BYTEPS_SCHEDULER=scheduler, BPP_OUT=str(path),
+                                          BYTEPS_PROPHET_TRACE=str(out / f"{scheduler}.trace.json")))
             runs[scheduler] = result
             if result.ok and path.exists():
                 values[scheduler] = [dict(np.load(path)), dict(np.load(out / f"{scheduler}.rank1.npz"))]
                 values[f"{scheduler}.init"] = dict(np.load(out / f"{scheduler}.init.npz"))
+    values["out"] = out
     return values, runs
 
 
@@ -74,5 +77,9 @@ def test_bytescheduler_equals_fifo_on_byteps(results):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_prophet_equals_fifo_on_byteps(results):
+def test_prophet_equals_fifo_on_byteps(results, perfetto_check):
     _check(results, "prophet")
+    # its prediction, not the credit it falls back on, scheduled some steps (the leader's trace)
+    trace = perfetto_check(results[0]["out"] / "prophet.trace.json")
+    assert trace["metadata"]["backend"] == "byteps" and trace["metadata"]["scheduler"] == "prophet"
+    assert_plan_engaged(trace, int(ENV["BPP_STEPS"]), "BytePS-MXNet", pieces="send")

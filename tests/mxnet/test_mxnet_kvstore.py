@@ -5,6 +5,7 @@ Fast tests: atom grids, settings errors, the engine gate. Slow tests start a rea
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,12 +20,14 @@ import pytest
 mx = pytest.importorskip("mxnet")
 
 from byteps_prophet.core import Settings  # noqa: E402
+from byteps_prophet.core.trace import events  # noqa: E402
 from byteps_prophet.errors import ConfigError  # noqa: E402
 from byteps_prophet.mxnet.engine import EngineGate, copy_raw  # noqa: E402
 from byteps_prophet.mxnet import kvstore as skv  # noqa: E402
 from byteps_prophet.mxnet.kvstore import atom_elements, atom_ranges  # noqa: E402
 from byteps_prophet.mxnet.launch import run_local  # noqa: E402
 from params_check import assert_every_parameter_trained, run_report  # noqa: E402
+from trace_check import assert_plan_engaged  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("worker_train.py"))
 PULL_THEN_PUSH = str(Path(__file__).with_name("worker_pull_then_push.py"))
@@ -108,6 +111,35 @@ def test_leader_measures_the_link_like_the_torch_plugin(monkeypatch):
     monkeypatch.setenv("BYTEPS_PROPHET_LINK", "bogus")
     with pytest.raises(ConfigError, match="BYTEPS_PROPHET_LINK='bogus' is invalid; valid: measured, core"):
         skv.create("local")
+
+
+@pytest.mark.parametrize("variable", ["BYTEPS_PROPHET_TRACE", "PROPHET_MXNET_TIMELINE"])
+def test_the_store_writes_the_one_trace_format(tmp_path, variable, perfetto_check):
+    """The store's trace is the torch plugin's format (Perfetto's fields, metadata, one ready/done per
+    gradient and step, atom spans); the old variable still works, with a warning; a path in a missing
+    directory is refused at once, in one line."""
+    path = tmp_path / "kv.json"
+    with pytest.warns(FutureWarning) if variable.startswith("PROPHET_") else contextlib.nullcontext():
+        settings = Settings.from_env({variable: str(path), "BYTEPS_SCHEDULER": "prophet"})
+    kv = skv.create("local", settings=settings)
+    try:
+        kv.init(3, mx.nd.ones((10, 4)))
+        for step in range(3):
+            out = mx.nd.zeros((10, 4))
+            kv.pushpull(3, mx.nd.ones((10, 4)) * step, out=out)
+            kv.flush(timeout=30)
+            assert out.asnumpy().tolist() == [[float(step)] * 4] * 10
+    finally:
+        kv.close()
+    doc = perfetto_check(path)
+    assert doc["metadata"]["scheduler"] == "prophet" and doc["metadata"]["tensors"] == [[0, "3", [10, 4], 160]]
+    for kind in ("ready", "done"):
+        assert sorted(e["args"]["iteration"] for e in events(doc, kind)) == [0, 1, 2], kind
+    atoms = list(events(doc, "atom"))
+    assert atoms and all(e["ph"] == "X" and e["dur"] >= 0 for e in atoms)
+    assert {e["args"]["seq"] for e in atoms} == {1, 2, 3}
+    with pytest.raises(ConfigError, match="BYTEPS_PROPHET_TRACE=.*missing.* does not exist"):
+        skv.create("local", settings=settings.replace(trace=str(tmp_path / "missing" / "kv.json")))
 
 
 def test_invalid_scheduler_is_one_line_error():
@@ -246,29 +278,28 @@ def test_unused_parameters_do_not_hang(tmp_path):
     assert result.elapsed < 120
 
 
-def _issues(path: Path) -> dict:
-    """(gradient, synchronisation, atom) -> absolute time each was issued, from one worker's timeline."""
-    data = json.loads(path.read_text())
+def _issues(path: Path, check) -> dict:
+    """(gradient, synchronisation, atom) -> absolute time each was issued, from one worker's trace."""
+    data = check(path)
     issued = {}
-    for t, kind, name, _iteration, *rest in data["events"]:
-        if kind == "issue":
-            atom, seq = rest
-            assert (name, seq, atom) not in issued, f"{path.name}: {name} atom {atom} issued twice"
-            issued[name, seq, atom] = data["t0"] + t
+    for event in events(data, "atom"):
+        name, atom, seq = event["name"].split(" atom ")[0], event["args"]["atom"], event["args"]["seq"]
+        assert (name, seq, atom) not in issued, f"{path.name}: {name} atom {atom} issued twice"
+        issued[name, seq, atom] = event["ts"]
     return issued
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_followers_issue_the_leaders_atoms_after_it(tmp_path):
+def test_followers_issue_the_leaders_atoms_after_it(tmp_path, perfetto_check):
     """Worker 1 issues each atom only once worker 0 (the leader) has: the order channel. Under a
     one-partition credit the leader holds most atoms back; a follower that sent every gradient when
     ready (before the channel) issued most of them first. Values stay those of FIFO."""
-    timeline = tmp_path / "timeline.json"
+    trace = tmp_path / "trace.json"
     values, _ = _train(tmp_path, "bs", "bytescheduler", BYTESCHEDULER_CREDIT="5000",
-                       PROPHET_MXNET_TIMELINE=str(timeline))
-    (follower_path,) = tmp_path.glob("timeline.json.rank*")
-    leader, follower = _issues(timeline), _issues(follower_path)
+                       BYTEPS_PROPHET_TRACE=str(trace))
+    (follower_path,) = tmp_path.glob("trace.rank*.json")
+    leader, follower = _issues(trace, perfetto_check), _issues(follower_path, perfetto_check)
     assert leader.keys() == follower.keys()
     assert len(leader) > 50  # 8 steps of partitioned gradients
     # exactly once, every step: each gradient's atoms 0..n-1, each once (_issues refuses a second
@@ -285,6 +316,36 @@ def test_followers_issue_the_leaders_atoms_after_it(tmp_path):
     assert not early, f"{len(early)} atoms issued by the follower before the leader, e.g. {early[:3]}"
     fifo, _ = _train(tmp_path, "fifo", "fifo")
     _assert_same(fifo, values, "fifo vs bytescheduler")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_prophets_plan_engages_on_the_kvstore(tmp_path, perfetto_check):
+    """Prophet's prediction, not the credit it falls back on, schedules steps on dist_sync (the leader's
+    trace: planned_iterations and one plan event per planned step), and in every planned step its
+    sends cut each gradient into pieces that cover every row once. Values stay those of FIFO."""
+    trace = tmp_path / "prophet.trace.json"
+    values, _ = _train(tmp_path, "prophet", "prophet", BYTEPS_PROPHET_TRACE=str(trace), BPP_STEPS="10")
+    doc = perfetto_check(trace)
+    assert doc["metadata"]["scheduler"] == "prophet" and doc["metadata"]["backend"] == "kvstore"
+    plans = assert_plan_engaged(doc, 10, "KVStore", pieces="send")
+    rows_of = {name: (shape[0] if shape else 1) for _, name, shape, _ in doc["metadata"]["tensors"]}
+    ready = {(e["args"]["iteration"], e["name"]) for e in events(doc, "ready")}
+    cut = 0
+    for it in plans:
+        sent: dict = {}
+        for e in events(doc, "send"):
+            if e["args"]["iteration"] == it:
+                sent.setdefault(e["name"], []).append(tuple(e["args"]["rows"]))
+        assert set(sent) == {name for i, name in ready if i == it}, (it, sorted(sent))
+        for name, pieces in sent.items():
+            pieces.sort()
+            assert pieces[0][0] == 0 and pieces[-1][1] == rows_of[name], (it, name, pieces)
+            assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:])), (it, name, pieces)
+            cut += len(pieces) > 1
+    assert cut, "no gradient cut into pieces in a planned step"
+    fifo, _ = _train(tmp_path, "fifo", "fifo", BPP_STEPS="10")
+    _assert_same(fifo, values, "fifo vs prophet")
 
 
 @pytest.mark.slow
@@ -317,17 +378,29 @@ def test_dead_worker_ends_the_run_naming_it(tmp_path, dying):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_bench_prints_one_json_line(tmp_path):
+def test_bench_prints_one_json_line(tmp_path, perfetto_check):
+    """... and, with BYTEPS_PROPHET_PROFILE, writes the profile of its timed steps from the store's trace
+    (each gradient's ready time), the trace beside it."""
     import json
+
+    from byteps_prophet.profile import load_profile
+    profile = tmp_path / "p.json"
     result = run_local([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--model", "transformer",
                         "--steps", "3", "--warmup", "2", "--batch", "2"],
-                       workers=2, env={"BYTEPS_SCHEDULER": "prophet"}, timeout=240)
+                       workers=2, env={"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_PROFILE": str(profile)},
+                       timeout=240)
     assert result.ok, result.reason
     lines = [l for lines in result.output.values() for l in lines if l.startswith("{")]
     assert len(lines) == 1 and lines[0] in result.output["worker-0"]  # the leader: DMLC_WORKER_ID=0
     data = json.loads(lines[0])
     assert data["scheduler"] == "prophet" and data["framework"] == "mxnet" and len(data["step_s"]) == 3
     assert data["samples_per_s"] > 0
+    assert data["profile"] == str(profile)
+    recorded = load_profile(profile)
+    assert len(recorded.iterations) == 3 and recorded.framework == "mxnet"
+    assert all(r is not None for r in recorded.iterations[-1].ready_s), recorded.iterations[-1].ready_s
+    trace = perfetto_check(f"{profile}.trace.json")
+    assert sum(1 for _ in events(trace, "ready")) == 5 * len(trace["metadata"]["tensors"])
 
 
 @pytest.mark.slow

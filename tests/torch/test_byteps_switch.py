@@ -7,7 +7,6 @@ Needs the patched BytePS (scripts/build_byteps.sh)."""
 from __future__ import annotations
 
 import collections
-import json
 import os
 import subprocess
 import sys
@@ -15,12 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from trace_check import assert_every_row_sent_once
+from trace_check import assert_every_row_sent_once, assert_plan_engaged
+
+from byteps_prophet.core.trace import events
 
 WORKER = str(Path(__file__).with_name("worker_bps_torch.py"))
 # Partitions small enough that ByteScheduler and Prophet cut this model's tensors into several pieces;
 # Prophet's fixed BytePS atoms smaller still and not aligned with them, so slices cover atoms partly.
-ENV = {"BPP_STEPS": "4", "BYTESCHEDULER_PARTITION": "5000", "BYTESCHEDULER_CREDIT": "12000",
+ENV = {"BPP_STEPS": "10", "BYTESCHEDULER_PARTITION": "5000", "BYTESCHEDULER_CREDIT": "12000",
        "BYTEPS_PROPHET_ATOM_ELEMENTS": "3000"}
 # Stock BytePS (unset) runs one step: over several steps its two workers end with different parameters
 # here (0.016 apart after 4 steps; byteps_prophet's runs equal the reference to 1e-8), as with the MXNet
@@ -83,23 +84,31 @@ def test_unset_is_stock_byteps(results):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("scheduler", ["bytescheduler", "prophet"])
-def test_scheduler_schedules_unmodified_script(results, scheduler):
+def test_scheduler_schedules_unmodified_script(results, scheduler, perfetto_check):
     _check(results, scheduler)
-    trace = json.loads((results[3] / f"{scheduler}.trace.json").read_text())
-    assert trace["meta"]["scheduler"] == scheduler and trace["meta"]["backend"] == "byteps"
-    ops = [e for e in trace["events"] if e[0] == "op"]
+    trace = perfetto_check(results[3] / f"{scheduler}.trace.json")
+    meta = trace["metadata"]
+    assert meta["scheduler"] == scheduler and meta["backend"] == "byteps"
+    ops = [e["args"] for e in events(trace, "op")]
     steps = int(ENV["BPP_STEPS"])
-    assert {e[1] for e in ops} == set(range(steps)), sorted({e[1] for e in ops})
-    per_tensor = collections.Counter((e[1], e[2]) for e in ops)  # (iteration, tensor) -> ops
-    assert len(per_tensor) == steps * len(trace["meta"]["tensors"]), per_tensor
+    assert {op["iteration"] for op in ops} == set(range(steps)), sorted({op["iteration"] for op in ops})
+    per_tensor = collections.Counter((op["iteration"], op["index"]) for op in ops)  # (iteration, tensor) -> ops
+    assert len(per_tensor) == steps * len(meta["tensors"]), per_tensor
     assert max(per_tensor.values()) > 1, per_tensor  # the scheduler cut tensors into several atoms
     # rank 1 wrote its own trace next to rank 0's: the same ops (rank 0's order), its own times
-    follower = json.loads((results[3] / f"{scheduler}.trace.rank1.json").read_text())
-    follower_ops = [e for e in follower["events"] if e[0] == "op"]
-    assert sorted(e[1:5] for e in follower_ops) == sorted(e[1:5] for e in ops)
-    assert all(e[7] <= e[8] for e in follower_ops)  # issued, then done
-    assert sum(e[0] == "ready" for e in follower["events"]) == steps * len(trace["meta"]["tensors"])
+    follower = perfetto_check(results[3] / f"{scheduler}.trace.rank1.json")
+    follower_ops = list(events(follower, "op"))
+
+    def key(op):
+        return op["iteration"], op["index"], *op["rows"]
+
+    assert sorted(key(e["args"]) for e in follower_ops) == sorted(key(op) for op in ops)
+    assert all(e["args"]["issue_ts"] == e["ts"] and e["args"]["submit_ts"] is None for e in follower_ops)
+    assert sum(1 for _ in events(follower, "ready")) == steps * len(meta["tensors"])
     # exactly once by sums: push_pull(average=True) sent twice gives the same average, so the values
     # above cannot show a duplicate; the rows each rank sent must tile every gradient once per step
     assert_every_row_sent_once(trace, steps, "leader")
     assert_every_row_sent_once(follower, steps, "follower")
+    if scheduler == "prophet":  # its prediction, not the credit it falls back on, scheduled some steps
+        plans = assert_plan_engaged(trace, steps, "torch/BytePS")
+        print("planned iterations:", plans)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models_for_tests import build, data
-from trace_check import assert_every_row_sent_once
+from trace_check import assert_every_row_sent_once, assert_plan_engaged
 from byteps_prophet.torch.launch import run_workers
 
 HERE = os.path.dirname(__file__)
@@ -75,8 +75,9 @@ def test_schedulers_equal_fifo_and_single_process(tmp_path, optname):
         if scheduler != "fifo":  # 64-element partitions: the schedulers cut the mlp's gradients
             assert min(ops) > steps * len(ref), (scheduler, ops)
         if scheduler == "prophet":  # its prediction, not the credit it falls back on, sent steps 2-4
-            meta = json.loads(open(f"{out}.trace.json").read())["meta"]
-            assert meta["planned_iterations"] >= steps - 2, meta["planned_iterations"]
+            trace = json.loads(open(f"{out}.trace.json").read())
+            assert trace["metadata"]["planned_iterations"] >= steps - 2, trace["metadata"]["planned_iterations"]
+            assert_plan_engaged(trace, steps, "torch/gloo")
 
 
 @pytest.mark.slow

@@ -133,24 +133,25 @@ def test_link_monitor_falls_back_to_delivery_rate():
     assert m.known and m.bytes_per_s == pytest.approx(1e7) and m.message_cost == 0.0
 
 
-def test_prophet_partition_default_and_overrides(monkeypatch):
-    monkeypatch.delenv("BYTESCHEDULER_PARTITION", raising=False)
-    monkeypatch.delenv("BYTEPS_PROPHET_PARTITION", raising=False)
-    assert _prophet_settings(Settings(scheduler="prophet")).partition == PROPHET_PARTITION
-    assert _prophet_settings(Settings(scheduler="prophet"), pulls_follow_pushes=True).partition == Settings().partition
+def test_prophet_partition_default_and_overrides():
+    prophet = Settings(scheduler="prophet")
+    assert _prophet_settings(prophet).partition == PROPHET_PARTITION
+    assert _prophet_settings(prophet, pulls_follow_pushes=True).partition == Settings().partition
     assert _prophet_settings(Settings(scheduler="bytescheduler")).partition == Settings().partition
     assert _prophet_settings(Settings(scheduler="prophet", partition=64)).partition == 64
-    monkeypatch.setenv("BYTEPS_PROPHET_PARTITION", "0")
-    assert _prophet_settings(Settings(scheduler="prophet")).partition == Settings().partition
-    monkeypatch.setenv("BYTEPS_PROPHET_PARTITION", "123")
-    assert _prophet_settings(Settings(scheduler="prophet")).partition == 123
-    assert _prophet_settings(Settings(scheduler="prophet"), pulls_follow_pushes=True).partition == 123
-    monkeypatch.setenv("BYTESCHEDULER_PARTITION", "500")
-    assert _prophet_settings(Settings(scheduler="prophet", partition=500)).partition == 500
-    monkeypatch.delenv("BYTESCHEDULER_PARTITION")
-    monkeypatch.setenv("BYTEPS_PROPHET_PARTITION", "x")
+    env = {"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_PARTITION": "0"}
+    assert _prophet_settings(Settings.from_env(env)).partition == Settings().partition
+    env["BYTEPS_PROPHET_PARTITION"] = "123"
+    assert _prophet_settings(Settings.from_env(env)).partition == 123
+    assert _prophet_settings(Settings.from_env(env), pulls_follow_pushes=True).partition == 123
+    # a partition set is Prophet's too, even the default value (set, so meant)
+    for partition in ("500", str(Settings().partition)):
+        assert _prophet_settings(Settings.from_env(dict(env, BYTESCHEDULER_PARTITION=partition))).partition == \
+            int(partition)
     with pytest.raises(ConfigError, match="BYTEPS_PROPHET_PARTITION"):
-        _prophet_settings(Settings(scheduler="prophet"))
+        Settings.from_env(dict(env, BYTEPS_PROPHET_PARTITION="x"))
+    with pytest.raises(ConfigError, match="BYTEPS_PROPHET_PARTITION"):
+        Settings.from_env(dict(env, BYTEPS_PROPHET_PARTITION="-3"))
 
 
 def _mlp_opt(**kw):
@@ -160,7 +161,7 @@ def _mlp_opt(**kw):
     return model, opt
 
 
-def test_plugin_installs_link_monitor_and_writes_trace(tmp_path, monkeypatch):
+def test_plugin_installs_link_monitor_and_writes_trace(tmp_path, monkeypatch, perfetto_check):
     trace = tmp_path / "trace.json"
     monkeypatch.setenv("BYTEPS_PROPHET_TRACE", str(trace))
     model, opt = _mlp_opt(scheduler="prophet")
@@ -171,16 +172,26 @@ def test_plugin_installs_link_monitor_and_writes_trace(tmp_path, monkeypatch):
         opt.step()
     opt.synchronize()
     opt.close()
-    data = json.loads(trace.read_text())
-    kinds = [e[0] for e in data["events"]]
+    data = perfetto_check(trace)
+    kinds = [e.get("cat") for e in data["traceEvents"]]
     assert kinds.count("ready") == 3 * 4 and kinds.count("eob") == 3 and kinds.count("step") == 3
-    ops = [e for e in data["events"] if e[0] == "op"]
+    ops = [e for e in data["traceEvents"] if e.get("cat") == "op"]
+    assert all(e["ph"] == "X" and e["args"]["submit_ts"] == e["ts"] for e in ops)
     # every row of every gradient synchronised once per iteration
     for it in range(3):
         for idx, (name, shape) in enumerate((n, tuple(p.shape)) for n, p in model.named_parameters()):
-            rows = sorted((e[3], e[4]) for e in ops if e[1] == it and e[2] == idx)
+            rows = sorted(e["args"]["rows"] for e in ops if e["args"]["iteration"] == it and e["args"]["index"] == idx)
             assert rows[0][0] == 0 and rows[-1][1] == shape[0]
-    assert data["meta"]["scheduler"] == "prophet" and len(data["meta"]["tensors"]) == 4
+            assert all(a[1] == b[0] for a, b in zip(rows, rows[1:])), rows
+    assert data["metadata"]["scheduler"] == "prophet" and len(data["metadata"]["tensors"]) == 4
+
+
+@pytest.mark.parametrize("variable", ["BYTEPS_PROPHET_TRACE", "BYTEPS_PROPHET_PROFILE"])
+def test_a_path_in_a_missing_directory_stops_the_start_not_the_end(tmp_path, monkeypatch, variable):
+    monkeypatch.setenv(variable, str(tmp_path / "missing" / "x.json"))
+    with pytest.raises(ConfigError) as err:
+        _mlp_opt(scheduler="prophet")
+    assert variable in str(err.value) and "missing" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_link_mode_core_and_invalid(monkeypatch):
