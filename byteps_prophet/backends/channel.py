@@ -61,6 +61,10 @@ class StoreChannel:
         self._get_seq += 1
         return json.loads(raw)
 
+    def close(self) -> None:
+        """A ``get`` waiting in another thread raises within one poll (the store is its host's)."""
+        self.closed.set()
+
 
 def make_store(host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0):
     """A TCPStore rank 0 hosts at host:port (others connect)."""
