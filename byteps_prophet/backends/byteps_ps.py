@@ -20,11 +20,10 @@ other workers) and ``MASTER_PORT`` (default 29512); the A/B runner sets both.
 from __future__ import annotations
 
 import bisect
-import os
 
-from byteps_prophet.backends.base import (ORDER_CHANNEL_PORT, Backend, BackendError, Op, import_byteps, master_port,
-                                          timeout_s)
+from byteps_prophet.backends.base import Backend, BackendError, Op, import_byteps, timeout_s
 from byteps_prophet.backends.channel import StoreChannel, make_store
+from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT, rendezvous
 from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import ConfigError
@@ -51,12 +50,12 @@ class BytePSBackend(Backend):
         self._atoms: dict[str, tuple[list[int], list[_Atom]]] = {}  # per gradient: first rows, atoms
         self._store = None
         if self.size > 1:
-            addr = os.environ.get("MASTER_ADDR")
-            if not addr:
+            where = rendezvous()
+            if not where.master_addr:
                 raise ConfigError("backend byteps with several workers needs MASTER_ADDR (rank 0's address) "
                                   "for the order channel; valid: an address of worker 0")
-            port = master_port(ORDER_CHANNEL_PORT)
-            self._store = make_store(addr, port, self.rank, self.size, timeout_s())
+            port = where.master_port(ORDER_CHANNEL_PORT)
+            self._store = make_store(where.master_addr, port, self.rank, self.size, timeout_s())
 
     def channel(self):
         return StoreChannel(self._store) if self._store is not None else None

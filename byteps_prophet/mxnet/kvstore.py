@@ -58,9 +58,10 @@ import numpy as np
 from mxnet.base import _LIB, check_call
 from mxnet.kvstore import KVStoreBase
 
-from byteps_prophet.backends.base import ORDER_CHANNEL_PORT, Backend, Op, OrderMismatch, master_port, timeout_s
+from byteps_prophet.backends.base import Backend, Op, OrderMismatch, timeout_s
 from byteps_prophet.backends.channel import SocketChannel
 from byteps_prophet.backends.sync import Synchroniser
+from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT, rendezvous
 from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import EngineTraits, MonotonicClock, Settings, Task, make_scheduler
@@ -82,10 +83,9 @@ def is_leader(kvstore, environ=None) -> bool:
     """The one worker that schedules: the host with ``DMLC_WORKER_ID=0`` in a dist job (a cluster's
     worker-0, where runners read output; ps-lite numbers ranks by connection order, so its rank 0 may
     be another host), else ps-lite rank 0. Any single leader is correct: the others follow its order."""
-    env = os.environ if environ is None else environ
-    worker_id = env.get("DMLC_WORKER_ID", "").strip()
-    if "dist" in kvstore.type and worker_id.isdigit():
-        return int(worker_id) == 0
+    worker_id = rendezvous(environ).worker_id
+    if "dist" in kvstore.type and worker_id is not None:
+        return worker_id == 0
     return kvstore.rank == 0
 
 
@@ -227,13 +227,14 @@ class ScheduledKVStore(KVStoreBase):
         each gradient when it is ready, as before (said once, by the leader)."""
         if self.settings.scheduler == "fifo" or "dist" not in self.type or self.num_workers < 2:
             return None
-        addr = os.environ.get("MASTER_ADDR", "").strip()
-        if not addr:
+        where = rendezvous()
+        if not where.master_addr:
             if self.leader:
                 sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
                                  "each gradient when it is ready, not in the scheduler's order\n")
             return None
-        return SocketChannel(addr, master_port(ORDER_CHANNEL_PORT), self.leader, self.num_workers - 1, timeout_s())
+        return SocketChannel(where.master_addr, where.master_port(ORDER_CHANNEL_PORT), self.leader,
+                             self.num_workers - 1, timeout_s())
 
     # -- KVStoreBase surface -------------------------------------------------------------------------
     @property
