@@ -14,8 +14,9 @@ and a later slice of the same iteration that covers an atom already sent waits f
 byte still goes once per iteration, and the names are the same on every rank and in every iteration.
 The scheduler cuts on the same grid (``Prophet.cut_elements``), so partial atoms are rare.
 
-The order channel needs a store rank 0 can host: ``MASTER_ADDR`` (rank 0's address, reachable by the
-other workers) and ``MASTER_PORT`` (default 29512); the A/B runner sets both.
+The order channel is the MXNet stores' (``channel.order_channel``): rank 0 listens at ``MASTER_ADDR``
+(its address, reachable by the other workers) and ``MASTER_PORT`` (default 29512); the A/B runner and
+the cluster set both.
 
 :class:`BytePSTransport` is BytePS itself, for this backend and for the MXNet stores alike
 (mxnet/byteps_backend.py): init, names declared once, a key's rounds on two alternating names,
@@ -29,9 +30,8 @@ import os
 import shutil
 import tempfile
 
-from byteps_prophet.backends.base import Backend, BackendError, Op, import_byteps, timeout_s
-from byteps_prophet.backends.channel import StoreChannel, make_store
-from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT, rendezvous
+from byteps_prophet.backends.base import Backend, BackendError, Op, import_byteps
+from byteps_prophet.backends.channel import order_channel
 from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import ConfigError
@@ -184,17 +184,15 @@ class BytePSBackend(Backend):
         self.rank, self.size = self.transport.rank, self.transport.size
         self._atom_elements = 0
         self._atoms: dict[str, tuple[list[int], list[_Atom]]] = {}  # per gradient: first rows, atoms
-        self._store = None
+        self._channel = None
         if self.size > 1:
-            where = rendezvous()
-            if not where.master_addr:
+            self._channel = order_channel(self.rank == 0, self.size - 1)
+            if self._channel is None:
                 raise ConfigError("backend byteps with several workers needs MASTER_ADDR (rank 0's address) "
                                   "for the order channel; valid: an address of worker 0")
-            port = where.master_port(ORDER_CHANNEL_PORT)
-            self._store = make_store(where.master_addr, port, self.rank, self.size, timeout_s())
 
     def channel(self):
-        return StoreChannel(self._store) if self._store is not None else None
+        return self._channel
 
     def use_atoms(self, elements: int) -> int:
         self._atom_elements = elements

@@ -58,10 +58,10 @@ import numpy as np
 from mxnet.base import _LIB, check_call
 from mxnet.kvstore import KVStoreBase
 
-from byteps_prophet.backends.base import Backend, Op, OrderMismatch, timeout_s
-from byteps_prophet.backends.channel import SocketChannel
+from byteps_prophet.backends.base import Backend, Op, OrderMismatch
+from byteps_prophet.backends.channel import SocketChannel, order_channel
+from byteps_prophet.backends.rendezvous import rendezvous
 from byteps_prophet.backends.sync import Synchroniser
-from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT, rendezvous
 from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import EngineTraits, MonotonicClock, Settings, Task, make_scheduler
@@ -227,14 +227,11 @@ class ScheduledKVStore(KVStoreBase):
         each gradient when it is ready, as before (said once, by the leader)."""
         if self.settings.scheduler == "fifo" or "dist" not in self.type or self.num_workers < 2:
             return None
-        where = rendezvous()
-        if not where.master_addr:
-            if self.leader:
-                sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
-                                 "each gradient when it is ready, not in the scheduler's order\n")
-            return None
-        return SocketChannel(where.master_addr, where.master_port(ORDER_CHANNEL_PORT), self.leader,
-                             self.num_workers - 1, timeout_s())
+        channel = order_channel(self.leader, self.num_workers - 1)
+        if channel is None and self.leader:
+            sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
+                             "each gradient when it is ready, not in the scheduler's order\n")
+        return channel
 
     # -- KVStoreBase surface -------------------------------------------------------------------------
     @property

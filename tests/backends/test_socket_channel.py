@@ -1,4 +1,4 @@
-"""The MXNet stores' order channel: worker 0's records reach every follower, in order, and a lost or
+"""The parameter servers' order channel (BytePS from torch or MXNet, MXNet's KVStore): worker 0's records reach every follower, in order, and a lost or
 missing peer is a one-line error within the timeout, never a hang; where worker 0 listens."""
 import socket
 import threading
