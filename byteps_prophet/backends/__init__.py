@@ -7,7 +7,8 @@
 * :mod:`.rendezvous` where this process sits in the job (RANK/WORLD_SIZE, DMLC_*, MASTER_ADDR/PORT),
   read from the environment in one place for both plugins;
 * :mod:`.sync`      the :class:`Synchroniser` (torch plugin and MXNet stores alike): issues ops in one
-  global order on every rank and reports completions, failing loudly (never hanging) on a mismatch or a dead peer.
+  global order on every rank and reports completions, failing loudly (never hanging) on a mismatch
+  or a dead peer.
 
 Backends are framework-level but scheduler-free: the plugin owns the scheduler and its lock.
 """
