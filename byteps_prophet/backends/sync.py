@@ -142,14 +142,10 @@ class Synchroniser:
         """Follower: every op of this local entry was issued; drop it (no end record will)."""
         with self._cond:
             self._local.pop((iteration, name), None)
-            if self._posted.get(iteration) is not None:
-                self._posted[iteration].discard(name)
-                if not self._posted[iteration]:
-                    del self._posted[iteration]
-            if self._announced.get(iteration) is not None:
-                self._announced[iteration].discard(name)
-                if not self._announced[iteration]:
-                    del self._announced[iteration]
+            for names in (self._posted, self._announced):
+                names.get(iteration, set()).discard(name)
+                if not names.get(iteration, True):
+                    del names[iteration]
 
     def local_end_of_backward(self, iteration: int) -> None:
         with self._cond:

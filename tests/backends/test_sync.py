@@ -125,3 +125,23 @@ def test_a_follower_missing_the_announced_rows_is_an_order_mismatch():
     follower.close(timeout=2)
     assert errors[1] and "rows 0:4 of 'w'" in str(errors[1][0]) and "has 2 rows" in str(errors[1][0])
     assert follow_be.issued == []
+
+
+def test_forget_drops_a_followers_entry_where_no_end_record_comes():
+    """The MXNet stores send no end-of-iteration records: without forget every synchronisation
+    would stay in the follower's tables for the whole run."""
+    leader, follower, _, follow_be, _, errors, _ = _pair(inline=True)
+    g = np.ones((4, 2))
+    for seq in range(3):
+        follower.local_ready(seq, 7, g)
+        leader.submit(Op(7, seq, 0, 4, g, whole=g))
+    deadline = time.monotonic() + 10
+    while len(follow_be.issued) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for seq in range(3):
+        follower.forget(seq, 7)
+    leader.close(timeout=2)
+    follower.close(timeout=2)
+    assert not errors[0] and not errors[1]
+    assert follow_be.issued == [(7, 0, 0, 4), (7, 1, 0, 4), (7, 2, 0, 4)]
+    assert not follower._local and not follower._posted and not follower._announced
