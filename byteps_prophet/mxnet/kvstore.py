@@ -172,7 +172,7 @@ class ScheduledKVStore(KVStoreBase):
         # The others issue the leader's atoms in that order, each once their own copy is ready (they
         # "mirror" it): a follower that sent every gradient when ready would queue its bulk ahead of
         # the urgent pieces the leader held back.
-        self.leader = is_leader(kvstore)
+        self.leader = is_leader(self)  # self: a subclass may say what its transport is
         self._channel = self._order_channel()
         self._mirror = self._channel is not None and not self.leader
         local = self.settings if self.leader else self.settings.replace(scheduler="fifo")
