@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT  # worker 0's order channel (store or socket)
+from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT  # worker 0's order channel (a socket)
 from byteps_prophet.cluster import netns as nets
 from byteps_prophet.cluster.compose import ComposeDefinition, ServiceDef, load_compose
 from byteps_prophet.cluster.roles import (
