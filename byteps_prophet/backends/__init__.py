@@ -4,8 +4,11 @@
 * :mod:`.torch_dist` torch.distributed all-reduce (gloo on CPU, NCCL on GPU), one stage;
 * :mod:`.byteps_ps` BytePS push_pull (parameter server), two stages, pulls follow pushes;
 * :mod:`.channel`   how rank 0 announces the global order to the other ranks;
-* :mod:`.sync`      the :class:`Synchroniser`: the threads that issue ops in one global order on every
-  rank and report completions, failing loudly (never hanging) on a mismatch or a dead peer.
+* :mod:`.rendezvous` where this process sits in the job (RANK/WORLD_SIZE, DMLC_*, MASTER_ADDR/PORT),
+  read from the environment in one place for both plugins;
+* :mod:`.sync`      the :class:`Synchroniser` (torch plugin and MXNet stores alike): issues ops in one
+  global order on every rank and reports completions, failing loudly (never hanging) on a mismatch
+  or a dead peer.
 
 Backends are framework-level but scheduler-free: the plugin owns the scheduler and its lock.
 """

@@ -95,18 +95,6 @@ class LocalBackend(Backend):
         return None
 
 
-ORDER_CHANNEL_PORT = 29512  # worker 0's order channel on a parameter server, unless MASTER_PORT says
-
-
-def master_port(default: int, environ=None) -> int:
-    """``MASTER_PORT`` (``default`` when unset): where worker 0 hosts its store or order channel."""
-    env = os.environ if environ is None else environ
-    raw = env.get("MASTER_PORT", str(default)).strip()
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ConfigError(f"MASTER_PORT={raw!r} is invalid; valid: a TCP port number")
-    return int(raw)
-
-
 def timeout_s(environ=None) -> float:
     """``BYTEPS_PROPHET_TIMEOUT`` (seconds, default 300): how long a rank waits for its peers to
     connect or answer before it fails, naming what it waited for."""

@@ -14,20 +14,162 @@ and a later slice of the same iteration that covers an atom already sent waits f
 byte still goes once per iteration, and the names are the same on every rank and in every iteration.
 The scheduler cuts on the same grid (``Prophet.cut_elements``), so partial atoms are rare.
 
-The order channel needs a store rank 0 can host: ``MASTER_ADDR`` (rank 0's address, reachable by the
-other workers) and ``MASTER_PORT`` (default 29512); the A/B runner sets both.
+The order channel is the MXNet stores' (``channel.order_channel``): rank 0 listens at ``MASTER_ADDR``
+(its address, reachable by the other workers) and ``MASTER_PORT`` (default 29512); the A/B runner and
+the cluster set both.
+
+:class:`BytePSTransport` is BytePS itself, for this backend and for the MXNet stores alike
+(mxnet/byteps_backend.py): init, names declared once, a key's rounds on two alternating names,
+push_pull in place, barrier, shutdown. Only the tensor calls differ between ``byteps.torch`` and
+``byteps.mxnet`` (:class:`_TorchOps`, :class:`_MXNetOps`).
 """
 from __future__ import annotations
 
 import bisect
 import os
+import shutil
+import tempfile
 
-from byteps_prophet.backends.base import (ORDER_CHANNEL_PORT, Backend, BackendError, Op, import_byteps, master_port,
-                                          timeout_s)
-from byteps_prophet.backends.channel import StoreChannel, make_store
+from byteps_prophet.backends.base import Backend, BackendError, Op, import_byteps
+from byteps_prophet.backends.channel import order_channel
 from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import ConfigError
+
+
+class _TorchOps:
+    """``byteps.torch``'s calls: asynchronous in place, a handle to wait on."""
+
+    private_socket = False  # the torch plugin's workers use BytePS's socket path as they find it
+
+    def __init__(self) -> None:
+        self.bps = import_byteps("torch", "backend gloo")
+        import byteps.torch.ops as ops
+
+        self._ops = ops
+
+    def declare(self, name: str) -> None:
+        self._ops.declare(name)
+
+    def push_pull(self, name: str, tensor, average: bool, priority: int):
+        return self._ops.push_pull_async_inplace(tensor, average=average, name=name)
+
+    def wait(self, handle, tensor) -> None:
+        self._ops.synchronize(handle)
+
+    def zeros(self, n: int):
+        import torch
+
+        return torch.zeros(n)
+
+
+class _MXNetOps:
+    """``byteps.mxnet``'s calls: an engine op on the array, done when the array can be read."""
+
+    # Two BytePS workers of one host (the local cluster shares /tmp) would bind the same unix sockets.
+    private_socket = True
+
+    def __init__(self) -> None:
+        self.bps = import_byteps("mxnet", "--backend kvstore")
+
+    def declare(self, name: str) -> None:
+        self.bps.byteps_declare_tensor(name)
+
+    def push_pull(self, name: str, tensor, average: bool, priority: int) -> None:
+        self.bps.byteps_push_pull(tensor, name=name, priority=priority, is_average=average)
+
+    def wait(self, handle, tensor) -> None:
+        tensor.wait_to_read()
+
+    def zeros(self, n: int):
+        import mxnet as mx
+
+        return mx.nd.zeros((n,))
+
+
+_PLUGINS = {"torch": _TorchOps, "mxnet": _MXNetOps}
+
+
+class BytePSTransport:
+    """BytePS for both plugins.
+
+    ``init=False``: BytePS was initialised by the caller (a patched ``DistributedTrainer`` or
+    optimizer), who also owns its shutdown: then ``shutdown`` does not call ``byteps.<plugin>.shutdown()``.
+    With ``init=True`` and an unset ``BYTEPS_SOCKET_PATH`` the MXNet plugin gets a private socket
+    directory, removed at ``shutdown``. Do not use both plugins in one process (docs/BYTEPS.md)."""
+
+    def __init__(self, plugin: str = "torch", init: bool = True) -> None:
+        if plugin not in _PLUGINS:
+            raise ConfigError(f"BytePS plugin {plugin!r} is not one; valid: {', '.join(_PLUGINS)}")
+        ops_cls = _PLUGINS[plugin]
+        self._owns_bps = init
+        self._socket_dir = None
+        self._closed = False
+        if init and ops_cls.private_socket and not os.environ.get("BYTEPS_SOCKET_PATH"):
+            self._socket_dir = tempfile.mkdtemp(prefix="bpp-bps-sock-")
+            os.environ["BYTEPS_SOCKET_PATH"] = self._socket_dir
+        try:
+            self.ops = ops_cls()
+        except ConfigError:
+            self._cleanup()
+            raise
+        self.bps = self.ops.bps
+        if init:
+            self.bps.init()
+        self.rank, self.size = self.bps.rank(), self.bps.size()
+        self._declared: set[str] = set()
+        self._rounds: dict = {}
+
+    def declare(self, name: str) -> None:
+        """BytePS numbers names in the order a worker first declares them: every worker must declare
+        the same names in the same order."""
+        if name not in self._declared:
+            self.ops.declare(name)
+            self._declared.add(name)
+
+    @staticmethod
+    def round_names(key) -> tuple[str, str]:
+        return f"bpp.{key}.0", f"bpp.{key}.1"
+
+    def next_round(self, key) -> str:
+        """The (declared) name of ``key``'s next round: its two names in alternate rounds, counted per
+        key. BytePS's server serves a round's pulls from the value the next round's first push
+        overwrites, so with one name a worker's round r+1 push could corrupt another's round r pull
+        (seen: ranks ended with different parameters; rank 1 received rank 0's next gradient as its
+        broadcast). Round r+2 (the same name) waits for round r+1 here, which every worker pushes
+        only after its round r is done. Every worker syncs each key equally often, so the counts
+        agree."""
+        rounds = self._rounds.get(key, 0) + 1
+        self._rounds[key] = rounds
+        name = self.round_names(key)[rounds % 2]
+        self.declare(name)
+        return name
+
+    def push_pull(self, name: str, tensor, *, average: bool, priority: int = 0):
+        """Average (or sum) ``tensor`` over the workers, in place, without waiting; a handle for
+        ``wait`` (None where the framework's engine orders what reads the tensor)."""
+        return self.ops.push_pull(name, tensor, average, priority)
+
+    def wait(self, handle, tensor) -> None:
+        self.ops.wait(handle, tensor)
+
+    def barrier(self) -> None:
+        """Meet every worker (a one-element sum under its own name)."""
+        buf = self.ops.zeros(1)
+        self.declare("bpp.barrier")
+        self.wait(self.push_pull("bpp.barrier", buf, average=False), buf)
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._owns_bps:
+                self.bps.shutdown()
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
 
 
 class BytePSBackend(Backend):
@@ -37,29 +179,20 @@ class BytePSBackend(Backend):
 
     def __init__(self, init: bool = True) -> None:
         super().__init__()
-        bps = import_byteps("torch", "backend gloo")
-        import byteps.torch.ops as ops
-
-        self.bps = bps
-        self.ops = ops
-        if init:
-            bps.init()
-        self.rank, self.size = bps.rank(), bps.size()
-        self._declared: set[str] = set()
-        self._rounds: dict[str, int] = {}
+        # BytePS is left to the script and BytePS's own exit handler: close() does not shut it down
+        self.transport = BytePSTransport("torch", init)
+        self.rank, self.size = self.transport.rank, self.transport.size
         self._atom_elements = 0
         self._atoms: dict[str, tuple[list[int], list[_Atom]]] = {}  # per gradient: first rows, atoms
-        self._store = None
+        self._channel = None
         if self.size > 1:
-            addr = os.environ.get("MASTER_ADDR")
-            if not addr:
+            self._channel = order_channel(self.rank == 0, self.size - 1)
+            if self._channel is None:
                 raise ConfigError("backend byteps with several workers needs MASTER_ADDR (rank 0's address) "
                                   "for the order channel; valid: an address of worker 0")
-            port = master_port(ORDER_CHANNEL_PORT)
-            self._store = make_store(addr, port, self.rank, self.size, timeout_s())
 
     def channel(self):
-        return StoreChannel(self._store) if self._store is not None else None
+        return self._channel
 
     def use_atoms(self, elements: int) -> int:
         self._atom_elements = elements
@@ -85,24 +218,16 @@ class BytePSBackend(Backend):
         return (op, handles)
 
     def _push_pull(self, key: str, tensor) -> "_Handle":
-        # Two names per slice, used in alternate rounds (as the MXNet store does, docs/MXNET.md): BytePS's
-        # server serves a round's pulls from the sum the next round's first push overwrites, so one name
-        # let a worker's round r+1 push corrupt another's round r pull (ranks ended with different
-        # parameters). Every rank issues the same ops in the same order, so the round counts agree.
-        rounds = self._rounds.get(key, 0)
-        self._rounds[key] = rounds + 1
-        name = f"bpp.{key}.{rounds % 2}"
-        if name not in self._declared:
-            self.ops.declare(name)
-            self._declared.add(name)
-        return _Handle(self.ops.push_pull_async_inplace(tensor, average=True, name=name))
+        # declared on first use, from the issuer thread: every rank issues (declares) in rank 0's order
+        name = self.transport.next_round(key)
+        return _Handle(self.transport.push_pull(name, tensor, average=True), tensor)
 
     def wait(self, handle) -> None:
         op, handles = handle
         try:
             for h in handles:  # one waiter thread (the Synchroniser's): an atom shared by slices once
                 if not h.done:
-                    self.ops.synchronize(h.handle)
+                    self.transport.wait(h.handle, h.tensor)
                     h.done = True
         except Exception as err:  # noqa: BLE001
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -110,10 +235,10 @@ class BytePSBackend(Backend):
 
 
 class _Handle:
-    __slots__ = ("handle", "done")
+    __slots__ = ("handle", "tensor", "done")
 
-    def __init__(self, handle) -> None:
-        self.handle, self.done = handle, False
+    def __init__(self, handle, tensor) -> None:
+        self.handle, self.tensor, self.done = handle, tensor, False
 
 
 class _Atom:

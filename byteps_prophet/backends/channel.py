@@ -8,9 +8,10 @@ the others read it). Records are numbered, so a follower reads them strictly in 
 A follower that waits for the next record retries on the store's timeout (training may pause for
 evaluation), but a broken connection (rank 0 died) is an error at once.
 
-:class:`SocketChannel` is the same announcement for engines without such a store (the MXNet stores):
-rank 0 listens, every other rank holds one TCP connection to it (``multiprocessing.connection``), and
-each record is one message, so a follower reads them in order without numbering.
+:class:`SocketChannel` is the same announcement for engines without such a store (BytePS from torch
+or MXNet, MXNet's KVStore; :func:`order_channel` makes it): rank 0 listens, every other rank holds one
+TCP connection to it (``multiprocessing.connection``), and each record is one message, so a follower
+reads them in order without numbering.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ import time
 from datetime import timedelta
 from multiprocessing.connection import Client, Listener
 
-from byteps_prophet.backends.base import BackendError
+from byteps_prophet.backends.base import BackendError, timeout_s
+from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT, Rendezvous, rendezvous
 
 POLL = timedelta(seconds=5)
 
@@ -61,6 +63,10 @@ class StoreChannel:
         self._get_seq += 1
         return json.loads(raw)
 
+    def close(self) -> None:
+        """A ``get`` waiting in another thread raises within one poll (the store is its host's)."""
+        self.closed.set()
+
 
 def make_store(host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0):
     """A TCPStore rank 0 hosts at host:port (others connect)."""
@@ -68,6 +74,16 @@ def make_store(host: str, port: int, rank: int, world_size: int, timeout_s: floa
 
     return TCPStore(host, int(port), world_size, rank == 0, timedelta(seconds=timeout_s),
                     wait_for_workers=False)
+
+
+def order_channel(leader: bool, followers: int, where: Rendezvous | None = None) -> "SocketChannel | None":
+    """Worker 0's order channel on a parameter server: a :class:`SocketChannel` at ``MASTER_ADDR``
+    (worker 0's address) and ``MASTER_PORT`` (default ``ORDER_CHANNEL_PORT``); None without
+    ``MASTER_ADDR`` (the caller says what that means for it)."""
+    where = rendezvous() if where is None else where
+    if not where.master_addr:
+        return None
+    return SocketChannel(where.master_addr, where.master_port(ORDER_CHANNEL_PORT), leader, followers, timeout_s())
 
 
 class SocketChannel:

@@ -11,6 +11,14 @@ Two threads per rank: the *issuer* (announce/read, then ``backend.issue``) and t
 peer, a mismatch) goes to ``on_error`` once and stops both threads; callers waiting on the plugin are
 woken and raise it. Nothing waits without a bound on the failure of another party.
 
+The same class serves both frameworks (framework-free): the torch plugin submits ops to the issuer
+thread (``submit`` never blocks its caller); a store that must issue at once, under its own lock, as
+the MXNet stores do, passes ``inline=True`` and ``submit`` issues and announces in the caller's thread.
+A backend whose ``issue`` returns ``None`` reports completion itself (MXNet's engine does); the waiter
+waits only for the handles it gets. ``make_op`` turns an announced record and the follower's local
+object into the op it issues (default: those rows of the local 2-D tensor); ``forget`` drops a local
+entry once its every op was issued, where no end-of-iteration record does.
+
 Mismatches detected (each an :class:`OrderMismatch` naming the gradient and iteration):
 * rank 0 synchronises a gradient this rank finished its backward pass without producing;
 * this rank produced a gradient rank 0 never synchronised in that iteration (rank 0 sends an
@@ -19,6 +27,7 @@ Mismatches detected (each an :class:`OrderMismatch` naming the gradient and iter
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -28,14 +37,28 @@ from typing import Callable
 from byteps_prophet.backends.base import Backend, BackendError, Op, OrderMismatch
 
 
+def slice_rows(name, iteration: int, row_start: int, row_end: int, tensor, rank: int) -> Op:
+    """The follower's op for an announced record: those rows of its own 2-D ``tensor``."""
+    if row_end > tensor.shape[0]:
+        raise OrderMismatch(
+            f"rank 0 synchronises rows {row_start}:{row_end} of {name!r} but rank {rank}'s gradient "
+            f"has {tensor.shape[0]} rows (different models on different ranks?)")
+    return Op(name, iteration, row_start, row_end, tensor[row_start:row_end], whole=tensor)
+
+
 class Synchroniser:
     def __init__(self, backend: Backend, on_finished: Callable[[Op], None],
-                 on_error: Callable[[BaseException], None]) -> None:
+                 on_error: Callable[[BaseException], None], *, leader: bool | None = None,
+                 inline: bool = False, make_op: Callable[..., Op] = slice_rows) -> None:
         self.backend = backend
         self.on_finished = on_finished
         self.on_error = on_error
-        self.leader = backend.rank == 0
+        self.leader = backend.rank == 0 if leader is None else leader
         self.channel = backend.channel() if backend.size > 1 else None
+        self._inline = inline
+        self._make_op = make_op
+        self._inline_lock = threading.Lock()  # inline leader: one announcement at a time, in issue order
+        self.closed_by_leader = False  # follower: the leader closed its channel (it finished)
         self._cond = threading.Condition()
         self._outbox: deque = deque()  # leader: records to announce and issue
         self._waits: queue.Queue = queue.Queue()
@@ -47,17 +70,34 @@ class Synchroniser:
         self._failed: BaseException | None = None
         self._closing = False
         self._seq = 0
-        target = self._lead if self.leader else self._follow
-        self._issuer = threading.Thread(target=self._guard(target), name="bpp-issuer", daemon=True)
+        self._issuer = None
+        if not (self.leader and inline):
+            target = self._lead if self.leader else self._follow
+            self._issuer = threading.Thread(target=self._guard(target), name="bpp-issuer", daemon=True)
+            self._issuer.start()
         self._waiter = threading.Thread(target=self._guard(self._wait_loop), name="bpp-waiter", daemon=True)
-        self._issuer.start()
         self._waiter.start()
 
     # -- leader side ---------------------------------------------------------------------------------
-    def submit(self, op: Op) -> None:
-        with self._cond:
-            self._outbox.append(("op", op))
-            self._cond.notify_all()
+    def submit(self, *ops: Op) -> None:
+        """Leader: synchronise ``ops`` in this order (after everything submitted before). Inline:
+        issued now, in the caller's thread, then announced as one record; a failure goes to
+        ``on_error`` (the caller does not see it raised)."""
+        if not self._inline:
+            with self._cond:
+                self._outbox.extend(("op", op) for op in ops)
+                self._cond.notify_all()
+            return
+        try:
+            with self._inline_lock:
+                if self._failed is not None:
+                    return
+                for op in ops:
+                    self._issue(op)
+                if self.channel is not None:
+                    self.channel.put([["op", *op.describe()] for op in ops])
+        except BaseException as err:  # noqa: BLE001 - reaches the training loop through on_error
+            self._fail(err)
 
     def end_iteration(self, iteration: int) -> None:
         """Leader: every gradient of ``iteration`` is synchronised; followers check theirs."""
@@ -98,6 +138,15 @@ class Synchroniser:
             self._posted[iteration].add(name)
             self._cond.notify_all()
 
+    def forget(self, iteration: int, name) -> None:
+        """Follower: every op of this local entry was issued; drop it (no end record will)."""
+        with self._cond:
+            self._local.pop((iteration, name), None)
+            for names in (self._posted, self._announced):
+                names.get(iteration, set()).discard(name)
+                if not names.get(iteration, True):
+                    del names[iteration]
+
     def local_end_of_backward(self, iteration: int) -> None:
         with self._cond:
             self._ended.add(iteration)
@@ -110,6 +159,7 @@ class Synchroniser:
             for record in records:
                 kind = record[0]
                 if kind == "close":
+                    self.closed_by_leader = True
                     self._waits.put(None)
                     return
                 if kind == "end":
@@ -125,13 +175,9 @@ class Synchroniser:
                         self._cond.wait(1.0)
                     if self._failed is not None:
                         return
-                    tensor = self._local[(iteration, name)]
+                    local = self._local[(iteration, name)]
                     self._announced[iteration].add(name)
-                if row_end > tensor.shape[0]:
-                    raise OrderMismatch(
-                        f"rank 0 synchronises rows {row_start}:{row_end} of {name!r} but rank {rank}'s gradient "
-                        f"has {tensor.shape[0]} rows (different models on different ranks?)")
-                self._issue(Op(name, iteration, row_start, row_end, tensor[row_start:row_end], whole=tensor))
+                self._issue(self._make_op(name, iteration, row_start, row_end, local, rank))
 
     def _check_end(self, iteration: int, rank: int) -> None:
         with self._cond:
@@ -152,7 +198,8 @@ class Synchroniser:
         op.seq = self._seq
         self._seq += 1
         handle = self.backend.issue(op)
-        self._waits.put((op, handle))
+        if handle is not None:  # None: the backend reports completion itself
+            self._waits.put((op, handle))
 
     def _wait_loop(self) -> None:
         while True:
@@ -181,7 +228,7 @@ class Synchroniser:
             self._cond.notify_all()
         self._waits.put(None)
         if self.channel is not None:
-            self.channel.closed.set()
+            self.channel.close()  # wakes a reader blocked on it; the peers see the channel go
         self.on_error(err)
 
     @property
@@ -192,13 +239,22 @@ class Synchroniser:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        if self.leader:
+        if self.leader and self._issuer is None:  # inline: the close record from here, best effort
+            with self._inline_lock:
+                if self.channel is not None and self._failed is None:
+                    with contextlib.suppress(BackendError):  # a follower that left first
+                        self.channel.put([["close"]])
+            self._waits.put(None)
+            self._waiter.join(timeout)
+        elif self.leader:
             self._issuer.join(timeout)
             self._waiter.join(timeout)
         else:
             # a follower waits for rank 0's close record, but never longer than the timeout
             self._issuer.join(timeout)
             if self.channel is not None:
-                self.channel.closed.set()
+                self.channel.close()
             self._waits.put(None)
             self._waiter.join(timeout)
+        if self.leader and self.channel is not None:
+            self.channel.close()

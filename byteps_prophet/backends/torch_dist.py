@@ -11,23 +11,11 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from byteps_prophet.backends.base import Backend, BackendError, Op, master_port, timeout_s
+from byteps_prophet.backends.base import Backend, BackendError, Op, timeout_s
 from byteps_prophet.backends.channel import StoreChannel
+from byteps_prophet.backends.rendezvous import TORCH_STORE_PORT, rendezvous
 from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.errors import ConfigError
-
-
-def env_rank_and_size(environ=None) -> tuple[int, int]:
-    env = os.environ if environ is None else environ
-    rank = env.get("RANK", env.get("DMLC_WORKER_ID", "0"))
-    size = env.get("WORLD_SIZE", env.get("DMLC_NUM_WORKER", "1"))
-    try:
-        rank, size = int(rank), int(size)
-    except ValueError:
-        raise ConfigError(f"RANK={rank!r}/WORLD_SIZE={size!r} are not integers; valid: 0 <= RANK < WORLD_SIZE") from None
-    if not 0 <= rank < size:
-        raise ConfigError(f"RANK={rank} is outside WORLD_SIZE={size}; valid: 0 <= RANK < WORLD_SIZE")
-    return rank, size
 
 
 class TorchDistBackend(Backend):
@@ -47,14 +35,15 @@ class TorchDistBackend(Backend):
         if not dist.is_available():
             raise ConfigError("torch.distributed is not available in this torch build; valid: backend local")
         if not dist.is_initialized():
-            rank, size = env_rank_and_size()
-            addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            port = master_port(29500)
+            where = rendezvous()
+            rank, size = where.rank_and_size()
+            addr = where.master_addr or "127.0.0.1"
+            port = where.master_port(TORCH_STORE_PORT)
             from byteps_prophet.backends.channel import make_store
 
-            if self.name == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and os.environ.get("DMLC_INTERFACE"):
+            if self.name == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and where.interface:
                 # In the cluster's namespaces the hostname resolves to loopback; use the host's link.
-                os.environ["GLOO_SOCKET_IFNAME"] = os.environ["DMLC_INTERFACE"]
+                os.environ["GLOO_SOCKET_IFNAME"] = where.interface
 
             store = make_store(addr, port, rank, size, timeout_s())
             dist.init_process_group(self.name, store=store, rank=rank, world_size=size,

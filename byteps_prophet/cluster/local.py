@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT  # worker 0's order channel (a socket)
 from byteps_prophet.cluster import netns as nets
 from byteps_prophet.cluster.compose import ComposeDefinition, ServiceDef, load_compose
 from byteps_prophet.cluster.roles import (
@@ -43,7 +44,6 @@ from byteps_prophet.errors import ConfigError, UserError
 
 OutputSink = Callable[[str, str], None]
 MAX_HOSTS = 250
-ORDER_CHANNEL_PORT = 29512  # worker 0's store for the scheduled BytePS path's order channel
 _SEQ = itertools.count()
 # PID 1 of the role's own PID and mount namespaces: mount a private tmpfs on /dev/shm, run the role's
 # command as an ordinary process (PID 1 would be immune to its own signals, e.g. a `kill -9 $$`),

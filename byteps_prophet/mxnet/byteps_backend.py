@@ -24,26 +24,23 @@ layer-wise overlap, the leader's order; see kvstore.py). The transport differs:
   contribute zeros, as ``byteps.mxnet.broadcast_parameters``); ``pull`` gives what the store holds
   (the initial value, later the last sum).
 
-Process environment: two BytePS workers on one host (the local cluster shares ``/tmp``) would bind
-the same unix sockets, so an unset ``BYTEPS_SOCKET_PATH`` is set to a private temporary directory
-before ``init`` (removed at ``close``). ``close`` also calls ``byteps.mxnet.shutdown()`` (not when the
-transport was made with ``init=False`` over a BytePS the caller initialised).
+BytePS itself (init, declaring, the alternating round names, push_pull, barrier, shutdown, the private
+``BYTEPS_SOCKET_PATH``) is the torch backend's :class:`~byteps_prophet.backends.byteps_ps.BytePSTransport`,
+over ``byteps.mxnet``. ``close`` also calls ``byteps.mxnet.shutdown()`` (not when the transport was
+made with ``init=False`` over a BytePS the caller initialised).
 Do not import ``byteps.torch`` in the same process (both plugins crash at exit, docs/BYTEPS.md).
 """
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 
 import mxnet as mx
 
-from byteps_prophet.backends.base import import_byteps
+from byteps_prophet.backends.byteps_ps import BytePSTransport
 from byteps_prophet.core import Settings
-from byteps_prophet.errors import ConfigError, UserError
+from byteps_prophet.errors import UserError
 from byteps_prophet.mxnet.engine import copy_raw
 from byteps_prophet.mxnet.kvstore import ScheduledKVStore
 
@@ -52,66 +49,7 @@ INIT_THREADS = 16  # names initialised at once (each a blocking round trip with 
 
 def create_byteps_kvstore(settings: Settings | None = None, **kwargs) -> "BytePSScheduledKVStore":
     """``byteps.mxnet.init()`` and a scheduled store over it."""
-    return BytePSScheduledKVStore(BytePSTransport(), settings=settings, **kwargs)
-
-
-class BytePSTransport:
-    """The part of the ``mx.kv`` surface the ScheduledKVStore uses, over ``byteps.mxnet``."""
-
-    type = "dist_sync_byteps"  # 'dist': Gluon treats it as a distributed store
-
-    def __init__(self, init: bool = True) -> None:
-        """``init=False``: BytePS is already initialised by the caller (the patched
-        ``byteps.mxnet.DistributedTrainer``, see switch.py), which also owns its shutdown: this
-        transport then neither calls ``init()`` nor, at ``shutdown``, ``byteps.mxnet.shutdown()``."""
-        self._owns_bps = init
-        self._socket_dir = None
-        if init and not os.environ.get("BYTEPS_SOCKET_PATH"):
-            self._socket_dir = tempfile.mkdtemp(prefix="bpp-bps-sock-")
-            os.environ["BYTEPS_SOCKET_PATH"] = self._socket_dir
-        try:
-            bps = import_byteps("mxnet", "--backend kvstore")
-        except ConfigError:
-            self._cleanup()
-            raise
-        import mxnet as mx
-
-        self.bps = bps
-        self.mx = mx
-        if init:
-            bps.init()
-        self.rank = bps.rank()
-        self.num_workers = bps.size()
-        self._declared: set[str] = set()
-        self._closed = False
-        self._barrier_buf = mx.nd.zeros((1,))
-        self.declare("bpp.barrier")
-        self._barrier()  # initialises the name now (every worker, same order) and meets the others
-
-    def declare(self, name: str) -> None:
-        if name not in self._declared:
-            self.bps.byteps_declare_tensor(name)
-            self._declared.add(name)
-
-    def push_pull(self, name: str, array, priority: int = 0) -> None:
-        """Sum ``array`` over the workers, in place (an engine op; returns at once)."""
-        self.bps.byteps_push_pull(array, name=name, priority=priority, is_average=False)
-
-    def _barrier(self) -> None:
-        self.push_pull("bpp.barrier", self._barrier_buf)
-        self._barrier_buf.wait_to_read()
-
-    def shutdown(self) -> None:
-        if not self._closed:
-            self._closed = True
-            if self._owns_bps:
-                self.bps.shutdown()
-            self._cleanup()
-
-    def _cleanup(self) -> None:
-        if self._socket_dir is not None:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
-            self._socket_dir = None
+    return BytePSScheduledKVStore(BytePSTransport("mxnet"), settings=settings, **kwargs)
 
 
 class BytePSScheduledKVStore(ScheduledKVStore):
@@ -125,11 +63,24 @@ class BytePSScheduledKVStore(ScheduledKVStore):
     atoms_per_partition = 1
     engine_name = "byteps"
 
-    def __init__(self, kvstore, settings: Settings | None = None, **kwargs) -> None:
+    def __init__(self, kvstore: BytePSTransport, settings: Settings | None = None, **kwargs) -> None:
+        """``kvstore``: ``BytePSTransport("mxnet")``; every worker meets here once (the barrier)."""
         self._init_pool: ThreadPoolExecutor | None = None
         self._init_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bpp-bps-fill")
-        self._rounds: dict[int, int] = {}
+        kvstore.barrier()
         super().__init__(kvstore, settings=settings, **kwargs)
+
+    @property
+    def type(self) -> str:
+        return "dist_sync_byteps"  # 'dist': Gluon treats it as a distributed store
+
+    @property
+    def num_workers(self) -> int:
+        return self._real.size
+
+    def _barrier(self):
+        self.flush()
+        self._real.barrier()
 
     @staticmethod
     def is_capable(capability: str) -> bool:
@@ -159,20 +110,19 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         bufs, dummies = [], []
         with self._lock:
             for row_start, row_end, atom_key in entry.atoms:
-                real.declare(f"bpp.{atom_key}.0")
-                real.declare(f"bpp.{atom_key}.1")
+                for name in real.round_names(atom_key):
+                    real.declare(name)
                 buf = value[row_start:row_end].copy()
                 if self.rank != 0:
                     buf[:] = 0
                 bufs.append(buf)
                 dummies.append(mx.nd.zeros(buf.shape, ctx=buf.context, dtype=buf.dtype))
-                self._rounds[atom_key] = 0  # the next scheduled round uses name parity 1
             if self._init_pool is None:
                 self._init_pool = ThreadPoolExecutor(max_workers=INIT_THREADS, thread_name_prefix="bpp-bps-init")
             futures = []
             for (_, _, atom_key), buf, dummy in zip(entry.atoms, bufs, dummies):
-                futures.append(self._init_pool.submit(real.push_pull, f"bpp.{atom_key}.0", buf))
-                futures.append(self._init_pool.submit(real.push_pull, f"bpp.{atom_key}.1", dummy))
+                for name, init_buf in zip(real.round_names(atom_key), (buf, dummy)):
+                    futures.append(self._init_pool.submit(real.push_pull, name, init_buf, average=False))
             entry.init_futures = futures
             entry.init_bufs = bufs + dummies
         # Rank 0's value: what a pull returns until the first sum. Never a round's buffer: the
@@ -243,19 +193,10 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         super().flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _transfer(self, atom_key: int, buf, priority: int) -> None:
-        """One round of an atom, on the name of its round's parity.
-
-        BytePS's server (non-blocking engine, the default) copies the first push of a round
-        straight into the stored value that pulls of the previous round are served from; a worker
-        that pushes round r+1 of a name before another worker's pull of round r arrived gives that
-        worker a wrong result (seen here: rank 1 received rank 0's next gradient as its broadcast).
-        With two names per atom used alternately, round r+2 on this worker (same name as round r)
-        needs this key's round r+1 done here, hence every worker's round r+1 push, which each
-        worker sends only after its round r of this key is done (the gate holds its gradient).
-        Round numbers are counted per atom (every worker syncs each key equally often), never
-        from step counting, which can differ between workers."""
-        self._rounds[atom_key] += 1
-        self._real.push_pull(f"bpp.{atom_key}.{self._rounds[atom_key] % 2}", buf, priority=priority)
+        """One round of an atom, summed in place, on the name of its round's parity
+        (``BytePSTransport.next_round``: why two names; its first round after the two init rounds
+        uses the second name)."""
+        self._real.push_pull(self._real.next_round(atom_key), buf, average=False, priority=priority)
 
     def close(self) -> None:
         try:

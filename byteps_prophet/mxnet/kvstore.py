@@ -27,7 +27,9 @@ the gate completes; the key's next registration waits for that copy.
 One worker, the leader, schedules; it announces each atom it issues over an order channel
 (``SocketChannel``), and the other workers issue the same atoms in that order, each once their own
 gradient is staged (a key completes only when every worker pushed it, so a follower's order decides
-as much as the leader's).
+as much as the leader's). The order goes through the torch plugin's
+:class:`~byteps_prophet.backends.sync.Synchroniser` (inline on the leader: issued in the scheduler's
+call, under the store's lock); an op there is one atom of one synchronisation of one key.
 
 Atoms: FIFO one per tensor (what MXNet does), ByteScheduler its partitions, Prophet a grid of
 ``BYTEPS_PROPHET_ATOM_ELEMENTS``-element runs of rows from row 0 (default partition / 4), so its finer
@@ -56,8 +58,10 @@ import numpy as np
 from mxnet.base import _LIB, check_call
 from mxnet.kvstore import KVStoreBase
 
-from byteps_prophet.backends.base import ORDER_CHANNEL_PORT, BackendError, master_port, timeout_s
-from byteps_prophet.backends.channel import SocketChannel
+from byteps_prophet.backends.base import Backend, Op, OrderMismatch
+from byteps_prophet.backends.channel import SocketChannel, order_channel
+from byteps_prophet.backends.rendezvous import rendezvous
+from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import EngineTraits, MonotonicClock, Settings, Task, make_scheduler
@@ -80,10 +84,9 @@ def is_leader(kvstore, environ=None) -> bool:
     """The one worker that schedules: the host with ``DMLC_WORKER_ID=0`` in a dist job (a cluster's
     worker-0, where runners read output; ps-lite numbers ranks by connection order, so its rank 0 may
     be another host), else ps-lite rank 0. Any single leader is correct: the others follow its order."""
-    env = os.environ if environ is None else environ
-    worker_id = env.get("DMLC_WORKER_ID", "").strip()
-    if "dist" in kvstore.type and worker_id.isdigit():
-        return int(worker_id) == 0
+    worker_id = rendezvous(environ).worker_id
+    if "dist" in kvstore.type and worker_id is not None:
+        return worker_id == 0
     return kvstore.rank == 0
 
 
@@ -144,7 +147,6 @@ class _Sync:
         self.sent_count = 0
         self.seq = 0  # which synchronisation of its key this is (every worker counts the same)
         self.ready = False  # its gradient is staged (the leader's probe saw it, or a follower's _stage)
-        self.announced: list[int] = []  # follower: atoms the leader sent, not issued here yet
         self.atoms_done = 0
         self.done = threading.Event()  # every row synchronised
         self.delivered = threading.Event()  # ... and copied into ``outs``: the atom buffers are free
@@ -171,7 +173,7 @@ class ScheduledKVStore(KVStoreBase):
         # The others issue the leader's atoms in that order, each once their own copy is ready (they
         # "mirror" it): a follower that sent every gradient when ready would queue its bulk ahead of
         # the urgent pieces the leader held back.
-        self.leader = is_leader(kvstore)
+        self.leader = is_leader(self)  # self: a subclass may say what its transport is
         if self.settings.trace:  # before any thread or socket starts
             writable(trace_path(self.settings.trace, self.rank, primary=self.leader))
         self._channel = self._order_channel()
@@ -186,10 +188,6 @@ class ScheduledKVStore(KVStoreBase):
         self._timer = install_wakeup_timer(self.scheduler, self._tick, self._fail) if self.leader else None
         self._gate = EngineGate()
         self._keys: dict[Any, _Key] = {}
-        # Followers, under _lock: synchronisations by (key order, count) with atoms not all issued, and
-        # the leader's announcements for ones not registered here yet.
-        self._open: dict[tuple[int, int], _Sync] = {}
-        self._parked: dict[tuple[int, int], list[int]] = {}
         self._next_atom_key = 0
         self._optimizer = None
         self._optimizer_keys = -1  # how many atoms the optimizer sent to the servers knows
@@ -216,13 +214,12 @@ class ScheduledKVStore(KVStoreBase):
         self.trace = TraceLog(self.rank, f"worker {self.rank}") if self.settings.trace else None
         self._issued: dict[tuple[int, int], float] = {}  # (id(sync), atom) -> when it was issued
         self._planned_seen = 0
+        # The order: a mirroring follower issues the leader's announced atoms; every other worker
+        # issues its own scheduler's, announcing them if it has a channel (the leader).
+        self._sync = Synchroniser(_AtomOps(self, self._channel), lambda op: None, self._fail,
+                                  leader=not self._mirror, inline=True, make_op=self._announced_atom)
         self._probe = threading.Thread(target=self._probe_loop, name="bpp-mx-probe", daemon=True)
         self._probe.start()
-        self._order_lost = False
-        self._follower = None
-        if self._mirror:
-            self._follower = threading.Thread(target=self._follow_loop, name="bpp-mx-order", daemon=True)
-            self._follower.start()
 
     def _order_channel(self) -> SocketChannel | None:
         """Worker 0 announces its order to the others over a socket at ``MASTER_ADDR:MASTER_PORT``
@@ -230,13 +227,11 @@ class ScheduledKVStore(KVStoreBase):
         each gradient when it is ready, as before (said once, by the leader)."""
         if self.settings.scheduler == "fifo" or "dist" not in self.type or self.num_workers < 2:
             return None
-        addr = os.environ.get("MASTER_ADDR", "").strip()
-        if not addr:
-            if self.leader:
-                sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
-                                 "each gradient when it is ready, not in the scheduler's order\n")
-            return None
-        return SocketChannel(addr, master_port(ORDER_CHANNEL_PORT), self.leader, self.num_workers - 1, timeout_s())
+        channel = order_channel(self.leader, self.num_workers - 1)
+        if channel is None and self.leader:
+            sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
+                             "each gradient when it is ready, not in the scheduler's order\n")
+        return channel
 
     # -- KVStoreBase surface -------------------------------------------------------------------------
     @property
@@ -370,7 +365,7 @@ class ScheduledKVStore(KVStoreBase):
 
     def _register(self, key, values: list, outs: list, priority: int) -> None:
         self._raise_error()
-        if self._order_lost:
+        if self._sync.closed_by_leader:
             raise RuntimeError("ScheduledKVStore: worker 0 closed the order channel (it finished or left)")
         entry = self._entry(key)
         with self._cv:
@@ -396,8 +391,6 @@ class ScheduledKVStore(KVStoreBase):
             sync.seq = entry.syncs
             if self._mirror:
                 with self._lock:
-                    self._open[entry.order, sync.seq] = sync
-                    sync.announced = self._parked.pop((entry.order, sync.seq), [])
                     registered.append(sync)
                     if staged.is_set():
                         self._follower_ready(sync)
@@ -437,10 +430,11 @@ class ScheduledKVStore(KVStoreBase):
             self._notifier.when_free([grads[0]] + after_pull, entry.abufs, stage)
 
     def _follower_ready(self, sync: _Sync) -> None:  # with _lock held, the gradient staged
-        if not sync.ready:
-            self._trace("ready", sync.task.name, sync.task.iteration)
+        if sync.ready:
+            return
+        self._trace("ready", sync.task.name, sync.task.iteration)
         sync.ready = True
-        self._issue_announced(sync)
+        self._sync.local_ready(sync.seq, sync.key.order, sync)
 
     @contextlib.contextmanager
     def _registering(self):
@@ -524,33 +518,15 @@ class ScheduledKVStore(KVStoreBase):
             self._fail(err)
 
     # -- followers: the leader's order ---------------------------------------------------------------
-    def _follow_loop(self) -> None:
-        """Read the leader's announcements; issue each atom once this worker's gradient is ready."""
-        try:
-            while True:
-                records = self._channel.get()
-                with self._lock:
-                    for order, seq, j in records:
-                        sync = self._open.get((order, seq))
-                        if sync is None:  # not registered here yet
-                            self._parked.setdefault((order, seq), []).append(j)
-                            continue
-                        sync.announced.append(j)
-                        if sync.ready:
-                            self._issue_announced(sync)
-        except BaseException as err:
-            if self._stopping:
-                return
-            with self._lock:
-                self._order_lost = True
-                waiting = len(self._open) + len(self._parked)
-            if waiting or not isinstance(err, BackendError):
-                self._fail(err)
-
-    def _issue_announced(self, sync: _Sync) -> None:  # with _lock held, the gradient staged
-        announced, sync.announced = sync.announced, []
-        for j in announced:
-            self._issue(sync, j, sync.task.index)
+    def _announced_atom(self, order: int, seq: int, row_start: int, row_end: int, sync: _Sync, rank: int) -> Op:
+        """The Synchroniser's follower op for an announced atom of this worker's staged ``sync``."""
+        entry = sync.key
+        span = entry.atoms_between(row_start, row_end)
+        if len(span) != 1 or entry.atoms[span[0]][:2] != (row_start, row_end):
+            raise OrderMismatch(f"worker 0 synchronises rows {row_start}:{row_end} of key {entry.key!r} but worker "
+                                f"{rank}'s atoms of it are {[a[:2] for a in entry.atoms]} (different models "
+                                f"or settings on different workers?)")
+        return _atom_op(sync, span[0], sync.task.index)
 
     # -- the transport the scheduler drives --------------------------------------------------------------
     def send(self, piece: Task) -> None:  # called with _lock held
@@ -565,10 +541,10 @@ class ScheduledKVStore(KVStoreBase):
             waiting += 1
             sync.waiting[j].append(piece)
             if sync.state[j] == _IDLE:
-                self._issue(sync, j, piece.index)
-                issued.append([entry.order, sync.seq, j])
-        if issued and self._channel is not None:
-            self._channel.put(issued)
+                sync.state[j] = _SENT
+                issued.append(_atom_op(sync, j, piece.index))
+        if issued:
+            self._sync.submit(*issued)  # issued now (_issue), then announced to the followers
         self._pending[id(piece)] = waiting
         if waiting == 0:
             del self._pending[id(piece)]
@@ -583,8 +559,8 @@ class ScheduledKVStore(KVStoreBase):
         buf = entry.abufs[j]
         self._transfer(atom_key, buf, -index)
         sync.sent_count += 1
-        if sync.sent_count == len(entry.atoms):
-            self._open.pop((entry.order, sync.seq), None)
+        if self._mirror and sync.sent_count == len(entry.atoms):
+            self._sync.forget(sync.seq, entry.order)
         self._notifier.when_free([buf], [], lambda: self._atom_done(sync, j))
 
     def _transfer(self, atom_key: int, buf: mx.nd.NDArray, priority: int) -> None:
@@ -705,10 +681,7 @@ class ScheduledKVStore(KVStoreBase):
         self._probe.join(timeout=5)
         if self._timer is not None:
             self._timer.close()
-        if self._channel is not None:
-            self._channel.close()
-        if self._follower is not None:
-            self._follower.join(timeout=5)
+        self._sync.close()
         self.save_trace()
         if isinstance(self._real, mx.kv.KVStore):
             self._leave_job()
@@ -745,6 +718,33 @@ class ScheduledKVStore(KVStoreBase):
             out["prophet_blocks"] = len(profiler.profile.blocks)
             out["prophet_profiles_built"] = profiler.profiles_built
         return out
+
+
+def _atom_op(sync: _Sync, j: int, index: int) -> Op:
+    """Atom ``j`` of ``sync`` as the Synchroniser's op: the key's order and which synchronisation of
+    it this is (the same on every worker) name it; the atom's rows are its rows."""
+    row_start, row_end, _ = sync.key.atoms[j]
+    return Op(sync.key.order, sync.seq, row_start, row_end, extra={"sync": sync, "atom": j, "index": index})
+
+
+class _AtomOps(Backend):
+    """The store's atoms as the Synchroniser's backend: ``issue`` hands an atom to the store, and
+    MXNet's engine reports its completion (``_atom_done``), so ``issue`` returns no handle."""
+
+    name = "mxnet-store"
+
+    def __init__(self, store: "ScheduledKVStore", channel) -> None:
+        super().__init__()
+        self.rank, self.size = store.rank, store.num_workers
+        self._store, self._channel = store, channel
+
+    def channel(self):
+        return self._channel
+
+    def issue(self, op: Op) -> None:
+        with self._store._lock:  # re-entered on the leader (the scheduler's send holds it)
+            self._store._issue(op.extra["sync"], op.extra["atom"], op.extra["index"])
+        return None
 
 
 class _LeftStore:

@@ -21,7 +21,8 @@ import sys
 import mxnet as mx
 
 from byteps_prophet.core import Settings
-from byteps_prophet.mxnet.byteps_backend import BytePSScheduledKVStore, BytePSTransport
+from byteps_prophet.backends.byteps_ps import BytePSTransport
+from byteps_prophet.mxnet.byteps_backend import BytePSScheduledKVStore
 
 CLOSE_TIMEOUT_S = 60.0  # at exit, the last step's rounds are given this long to finish
 
@@ -35,7 +36,7 @@ class ScheduledGradients:
                              f"or BYTEPS_SCHEDULER=fifo\n")
             sys.stderr.flush()
             raise SystemExit(2)
-        self.store = BytePSScheduledKVStore(BytePSTransport(init=False), settings=settings)
+        self.store = BytePSScheduledKVStore(BytePSTransport("mxnet", init=False), settings=settings)
         self._initialised: set[int] = set()
         self._closed = False
         if self.store.leader:  # one line per job: the scheduling worker says it schedules

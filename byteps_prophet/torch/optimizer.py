@@ -44,6 +44,7 @@ from byteps_prophet.backends import Backend, make_backend
 from byteps_prophet.backends.base import BackendError, Op
 from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.sync import Synchroniser
+from byteps_prophet.backends.rendezvous import rendezvous
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.core.trace import TraceLog, trace_path, writable
@@ -65,9 +66,10 @@ def default_backend_name(settings: Settings | None = None) -> str:
 
     if dist.is_available() and dist.is_initialized():
         return "nccl" if dist.get_backend() == "nccl" else "gloo"
-    if os.environ.get("DMLC_ROLE") == "worker":
+    where = rendezvous()
+    if where.role == "worker":
         return "byteps"
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+    if where.world_size > 1:
         return "gloo"
     return "local"
 

@@ -1,4 +1,4 @@
-"""The MXNet stores' order channel: worker 0's records reach every follower, in order, and a lost or
+"""The parameter servers' order channel (BytePS from torch or MXNet, MXNet's KVStore): worker 0's records reach every follower, in order, and a lost or
 missing peer is a one-line error within the timeout, never a hang; where worker 0 listens."""
 import socket
 import threading
@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from byteps_prophet.backends.base import BackendError, master_port
+from byteps_prophet.backends.base import BackendError
 from byteps_prophet.backends.channel import SocketChannel
+from byteps_prophet.backends.rendezvous import rendezvous
 from byteps_prophet.errors import ConfigError
 
 
@@ -102,9 +103,9 @@ def test_close_wakes_a_reader_blocked_in_another_thread():
 @pytest.mark.parametrize("raw", ["abc", "0", "70000", "-1", "12.5"])
 def test_an_invalid_master_port_is_a_one_line_error_naming_it(raw):
     with pytest.raises(ConfigError, match=f"MASTER_PORT={raw!r} is invalid; valid: a TCP port number"):
-        master_port(29512, {"MASTER_PORT": raw})
+        rendezvous({"MASTER_PORT": raw}).master_port(29512)
 
 
 def test_master_port_defaults_when_unset():
-    assert master_port(29512, {}) == 29512
-    assert master_port(29512, {"MASTER_PORT": " 1234 "}) == 1234
+    assert rendezvous({}).master_port(29512) == 29512
+    assert rendezvous({"MASTER_PORT": " 1234 "}).master_port(29512) == 1234
