@@ -40,11 +40,12 @@ from typing import Any, Iterable
 import torch
 
 from byteps_prophet.backends import Backend, make_backend
-from byteps_prophet.backends.base import BackendError, Op
+from byteps_prophet.backends.base import BackendError, FusedOp, Op
 from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
+from byteps_prophet.core.task import Fused
 from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.torch.compression import Compression
 
@@ -186,6 +187,7 @@ class _Engine:
         # atoms it sends under Prophet (every rank: all must send the same atoms).
         atom = backend.use_atoms(_prophet_atom_elements(settings)) if settings.scheduler == "prophet" else 0
         self.traits = backend.traits.replace(atom_elements=atom)
+        self.accepts_fused = backend.accepts_fused  # Prophet's fused collectives go out as one FusedOp
         self.scheduler = None
         self._timer = None
         if self.leader:
@@ -314,13 +316,20 @@ class _Engine:
             self.sync.end_iteration(iteration)
 
     # -- the Transport contract (called by the scheduler, under lock) ---------------------------------
-    def send(self, piece: Task) -> None:
-        entry: _Param = piece.root.payload
-        op = Op(piece.name, piece.iteration, piece.row_start, piece.row_end,
-                entry.payload[piece.row_start:piece.row_end], piece=piece, whole=entry.payload)
+    def send(self, piece: Task | Fused) -> None:
+        if type(piece) is Fused:
+            op = FusedOp.of([self._op(member) for member in piece.members], piece=piece)
+        else:
+            op = self._op(piece)
         if self.trace is not None:
             op.extra["submit"] = self.clock.now()
         self.sync.submit(op)
+
+    @staticmethod
+    def _op(piece: Task) -> Op:
+        entry: _Param = piece.root.payload
+        return Op(piece.name, piece.iteration, piece.row_start, piece.row_end,
+                  entry.payload[piece.row_start:piece.row_end], piece=piece, whole=entry.payload)
 
     def _on_done(self, task: Task) -> None:
         self._done.append(task.root.payload)
@@ -341,22 +350,26 @@ class _Engine:
                     now = self.clock.now()
                 self.scheduler.finished(op.piece)
                 done, self._done = self._done, []
-                if self.trace is not None:
+                if self.trace is not None:  # a fused op: one line per member, with the op's times
                     bw = self.scheduler.bandwidth
-                    piece = op.piece
-                    self.trace.append(["op", op.iteration, piece.index, op.row_start, op.row_end, piece.nbytes,
-                                       op.extra.get("submit"), op.extra.get("issue"), now,
-                                       bw.bytes_per_s, bw.message_cost, bw.latency])
+                    for member in op.members if isinstance(op, FusedOp) else (op,):
+                        piece = member.piece
+                        self.trace.append(["op", op.iteration, piece.index, member.row_start, member.row_end,
+                                           piece.nbytes, op.extra.get("submit"), op.extra.get("issue"), now,
+                                           bw.bytes_per_s, bw.message_cost, bw.latency])
         else:
-            entry = self.by_name[op.name]
-            if self.trace is not None:  # the leader's layout; the scheduler's fields are rank 0's
-                self.trace.append(["op", op.iteration, entry.index, op.row_start, op.row_end,
-                                   op.tensor.numel() * op.tensor.element_size(), None, op.extra.get("issue"),
-                                   self.clock.now(), None, None, None])
-            entry.rows_left -= op.row_end - op.row_start
-            done = [entry] if entry.rows_left == 0 else []
-            if entry.rows_left < 0:
-                raise BackendError(f"rank {self.backend.rank}: rows of {op.name!r} synchronised twice")
+            done = []
+            for member in op.members if isinstance(op, FusedOp) else (op,):
+                entry = self.by_name[member.name]
+                if self.trace is not None:  # the leader's layout; the scheduler's fields are rank 0's
+                    self.trace.append(["op", op.iteration, entry.index, member.row_start, member.row_end,
+                                       member.tensor.numel() * member.tensor.element_size(), None,
+                                       op.extra.get("issue"), self.clock.now(), None, None, None])
+                entry.rows_left -= member.row_end - member.row_start
+                if entry.rows_left == 0:
+                    done.append(entry)
+                if entry.rows_left < 0:
+                    raise BackendError(f"rank {self.backend.rank}: rows of {member.name!r} synchronised twice")
         for entry in done:
             self._synchronised(entry)
 
