@@ -1,0 +1,71 @@
+#!/usr/bin/env python
+"""Prophet's fusion floor (core/prophet.py FUSION_LATENCIES) swept over the all-reduce grid, Prophet
+alone, against the DDP (best bucket) and Horovod times of a bench_baselines compact file (those do
+not depend on Prophet). Deterministic; a few seconds per value. docs/DESIGN.md, "Fused collectives".
+
+    .venv/bin/python scripts/sweep_fusion.py --floors 4,8,16,32,64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import byteps_prophet.core.prophet as prophet_module
+from byteps_prophet.core import Settings
+from byteps_prophet.sim.costmodel import compute_times
+from byteps_prophet.sim.engine import ClusterSpec, Simulation, layers_from
+from byteps_prophet.sim.zoo import get_model
+
+GBIT = 1e9 / 8
+
+
+def sweep(baselines: dict, floor: float, iterations: int = 30, warmup: int = 10) -> dict:
+    prophet_module.FUSION_LATENCIES = floor
+    col = {c: i for i, c in enumerate(baselines["columns"])}
+    layers_of, ratios, misses = {}, [], []
+    for row in baselines["grid"]:
+        model, workers, gbit = row[col["model"]], row[col["workers"]], row[col["gbit"]]
+        if model not in layers_of:
+            spec = get_model(model)
+            layers_of[model] = layers_from(spec, compute_times(spec, spec.default_batch))
+        cluster = ClusterSpec(workers=workers, arch="allreduce", bandwidth=gbit * GBIT)
+        result = Simulation(layers_of[model], cluster, Settings(scheduler="prophet"), iterations, warmup).run()
+        ratio = result.iter_s * 1e3 / min(row[col["ddp_best_ms"]], row[col["horovod_ms"]])
+        ratios.append(ratio)
+        if ratio > 1.01:
+            messages = sum(1 for it in result.messages if it >= warmup) / (iterations - warmup)
+            misses.append(f"{model}/{workers}w/{gbit:g}G {ratio:.4f} ({messages:.0f} collectives a step)")
+    return {"fusion_latencies": floor, "cells": len(ratios), "within_1pct": len(ratios) - len(misses),
+            "median": round(statistics.median(ratios), 4), "min": round(min(ratios), 4),
+            "max": round(max(ratios), 4), "misses": misses}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--floors", default="4,8,16,32,64", help="comma-separated FUSION_LATENCIES values")
+    ap.add_argument("--baselines", default="docs/bench_baselines_results.json")
+    args = ap.parse_args()
+    try:
+        floors = [float(f) for f in args.floors.split(",")]
+        if min(floors) <= 0:
+            raise ValueError
+    except ValueError:
+        print(f"sweep_fusion: --floors {args.floors!r} is invalid; valid: comma-separated positive numbers",
+              file=sys.stderr)
+        return 2
+    try:
+        with open(args.baselines, encoding="utf-8") as f:
+            baselines = json.load(f)
+    except (OSError, ValueError) as err:
+        print(f"sweep_fusion: --baselines {args.baselines!r} is not readable JSON ({err}); valid: a file "
+              "written by scripts/bench_baselines.py --compact", file=sys.stderr)
+        return 2
+    for floor in floors:
+        print(json.dumps(sweep(baselines, floor)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
