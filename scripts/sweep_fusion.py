@@ -4,6 +4,11 @@ alone, against the DDP (best bucket) and Horovod times of a bench_baselines comp
 not depend on Prophet). Deterministic; a few seconds per value. docs/DESIGN.md, "Fused collectives".
 
     .venv/bin/python scripts/sweep_fusion.py --floors 4,8,16,32,64
+    .venv/bin/python scripts/sweep_fusion.py --scale   # Prophet on bench_sim's committed scale cells
+
+``--scale`` re-runs Prophet alone (the current floor) on every cell of the scale grid committed in
+docs/bench_sim_results.json (calibrated engines, 2-256 workers) and compares it with the committed
+Prophet and ByteScheduler times: parameter-server cells must be unchanged (Prophet never fuses there).
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import statistics
 import sys
 
 import byteps_prophet.core.prophet as prophet_module
-from byteps_prophet.core import Settings
+from byteps_prophet.core import EngineTraits, Settings
 from byteps_prophet.sim.costmodel import compute_times
 from byteps_prophet.sim.engine import ClusterSpec, Simulation, layers_from
 from byteps_prophet.sim.zoo import get_model
@@ -42,11 +47,47 @@ def sweep(baselines: dict, floor: float, iterations: int = 30, warmup: int = 10)
             "max": round(max(ratios), 4), "misses": misses}
 
 
+def scale(path: str = "docs/bench_sim_results.json") -> dict:
+    sys.path.insert(0, "scripts")
+    from bench_sim import SCALE_CASES
+
+    with open(path, encoding="utf-8") as f:
+        grid = json.load(f)["scale"]
+    engines = {arch: EngineTraits.from_dict(t) for arch, t in grid["setup"]["engines"].items()}
+    iterations, warmup = grid["setup"]["iterations"], grid["setup"]["warmup"]
+    col = {c: i for i, c in enumerate(grid["columns"])}
+    out: dict = {}
+    for row in grid["cells"]:
+        model, arch, case, workers, gbit = (row[col[k]] for k in ("model", "arch", "case", "workers", "gbit"))
+        spec = get_model(model)
+        layers = layers_from(spec, compute_times(spec, spec.default_batch))
+        changes = {"servers": workers if arch == "ps" else None, **SCALE_CASES[case](workers)}
+        cluster = ClusterSpec(workers=workers, arch=arch, bandwidth=gbit * GBIT, engine=engines[arch], **changes)
+        now = Simulation(layers, cluster, Settings(scheduler="prophet"), iterations, warmup).run().iter_s * 1e3
+        entry = out.setdefault(arch, {"cells": 0, "changed": 0, "now_vs_before": [], "now_vs_best_credit": [],
+                                      "now_vs_default_credit": []})
+        entry["cells"] += 1
+        entry["changed"] += abs(now - row[col["prophet_ms"]]) > 1e-3
+        entry["now_vs_before"].append(now / row[col["prophet_ms"]])
+        entry["now_vs_best_credit"].append(now / row[col["bytescheduler_best_ms"]])
+        entry["now_vs_default_credit"].append(now / row[col["bytescheduler_ms"]])
+    for entry in out.values():
+        for key in ("now_vs_before", "now_vs_best_credit", "now_vs_default_credit"):
+            values = entry[key]
+            entry[key] = {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+                          "max": round(max(values), 4)}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--floors", default="4,8,16,32,64", help="comma-separated FUSION_LATENCIES values")
     ap.add_argument("--baselines", default="docs/bench_baselines_results.json")
+    ap.add_argument("--scale", action="store_true", help="Prophet on the committed scale grid's cells instead")
     args = ap.parse_args()
+    if args.scale:
+        print(json.dumps(scale(), indent=1))
+        return 0
     try:
         floors = [float(f) for f in args.floors.split(",")]
         if min(floors) <= 0:
