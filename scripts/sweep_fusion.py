@@ -5,10 +5,12 @@ not depend on Prophet). Deterministic; a few seconds per value. docs/DESIGN.md, 
 
     .venv/bin/python scripts/sweep_fusion.py --floors 4,8,16,32,64
     .venv/bin/python scripts/sweep_fusion.py --scale   # Prophet on bench_sim's committed scale cells
+    .venv/bin/python scripts/sweep_fusion.py --ideal   # Prophet on bench_sim's committed ideal grid
 
 ``--scale`` re-runs Prophet alone (the current floor) on every cell of the scale grid committed in
 docs/bench_sim_results.json (calibrated engines, 2-256 workers) and compares it with the committed
 Prophet and ByteScheduler times: parameter-server cells must be unchanged (Prophet never fuses there).
+``--ideal`` does the same on the ideal grid (150 cells) against its best credit.
 """
 from __future__ import annotations
 
@@ -79,14 +81,43 @@ def scale(path: str = "docs/bench_sim_results.json") -> dict:
     return out
 
 
+def ideal(path: str = "docs/bench_sim_results.json") -> dict:
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    iterations, warmup = data["grid_setup"]["iterations"], data["grid_setup"]["warmup"]
+    col = {c: i for i, c in enumerate(data["grid_columns"])}
+    out: dict = {}
+    for row in data["grid"]:
+        model, arch, workers, gbit = (row[col[k]] for k in ("model", "arch", "workers", "gbit"))
+        spec = get_model(model)
+        layers = layers_from(spec, compute_times(spec, spec.default_batch))
+        cluster = ClusterSpec(workers=workers, arch=arch, bandwidth=gbit * GBIT)
+        now = Simulation(layers, cluster, Settings(scheduler="prophet"), iterations, warmup).run().iter_s * 1e3
+        entry = out.setdefault(arch, {"cells": 0, "changed": 0, "within_1pct_of_best_credit": 0, "ratios": [],
+                                      "vs_before": []})
+        ratio = now / row[col["bytescheduler_best_ms"]]
+        entry["cells"] += 1
+        entry["changed"] += abs(now - row[col["prophet_ms"]]) > 1e-3
+        entry["within_1pct_of_best_credit"] += ratio <= 1.01
+        entry["ratios"].append(ratio)
+        entry["vs_before"].append(now / row[col["prophet_ms"]])
+    for entry in out.values():
+        for key in ("ratios", "vs_before"):
+            values = entry[key]
+            entry[key] = {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+                          "max": round(max(values), 4)}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--floors", default="4,8,16,32,64", help="comma-separated FUSION_LATENCIES values")
     ap.add_argument("--baselines", default="docs/bench_baselines_results.json")
     ap.add_argument("--scale", action="store_true", help="Prophet on the committed scale grid's cells instead")
+    ap.add_argument("--ideal", action="store_true", help="Prophet on the committed ideal grid's cells instead")
     args = ap.parse_args()
-    if args.scale:
-        print(json.dumps(scale(), indent=1))
+    if args.scale or args.ideal:
+        print(json.dumps(scale() if args.scale else ideal(), indent=1))
         return 0
     try:
         floors = [float(f) for f in args.floors.split(",")]

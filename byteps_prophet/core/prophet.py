@@ -56,7 +56,6 @@ class Prophet(ByteScheduler):
         # one: fuse the most urgent pending pieces up to the chunk (DESIGN.md, "Fused collectives").
         self._fuse = (not traits.is_parameter_server and self.mode != "paper"
                       and bool(getattr(transport, "accepts_fused", False)))
-        self._drained = 0  # bytes sent after the end of backward this iteration (fused drain)
         self._plan: StepProfile | None = None
         self._sizes: dict[int, int] = {}  # bytes of each gradient, as last posted
         self._iteration: int | None = None
@@ -129,7 +128,6 @@ class Prophet(ByteScheduler):
                 self.planned_iterations += 1
             self._missing = list(self._block_sizes)
         self._drain_chunk = None
-        self._drained = 0
         self._next_block = 0
         self._in_last_block = False
         self._backward_done = False
@@ -223,8 +221,6 @@ class Prophet(ByteScheduler):
                     piece = head
             elif self._fuse and queue and piece.nbytes < chunk:
                 piece = self._fused(piece, chunk)
-            if self._fuse and start >= end + latency:
-                self._drained += piece.nbytes
             self.pending_bytes -= piece.nbytes
             link.advance(piece, now + latency, cost + piece.nbytes / bandwidth)
             self.credit -= piece.numel
@@ -243,18 +239,30 @@ class Prophet(ByteScheduler):
                 chunk = bandwidth * (next_ready + latency - start - cost)  # done before the next arrival
             else:
                 chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
-        elif self._fuse:  # after the last arrival, fused: each collective as large as all before it
-            chunk = self._drained
         else:
             if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
-                stages = self._serializations - 1
-                self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
+                if self._fuse:
+                    self._drain_chunk = self._fused_drain_chunk(bandwidth, cost)
+                else:
+                    stages = self._serializations - 1
+                    self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
             chunk = self._drain_chunk
         if chunk < floor:
             chunk = floor
         if chunk > self._chunk_cap:
             chunk = self._chunk_cap
         return chunk
+
+    def _fused_drain_chunk(self, bandwidth: float, cost: float) -> float:
+        """Fused collectives after the end of backward: equal chunks of what is pending, as many as
+        balance their fixed costs against the compute of the next forward pass left after the last one
+        (``k x cost`` against ``chunk x seconds of compute per byte``). The backward's seconds per byte
+        (the profiled span over the step's bytes) stands for the forward's (DESIGN.md, "Fused
+        collectives")."""
+        prediction = self.prediction
+        step_bytes = prediction.bytes_from[0]
+        per_byte = prediction.span / step_bytes if step_bytes and prediction.span > 0 else 1.0 / bandwidth
+        return math.sqrt(self.pending_bytes * cost / per_byte)
 
     def _fused(self, head: Task, chunk: float) -> Task | Fused:
         """``head`` and the next most urgent whole pending pieces of its iteration, while they fit in
