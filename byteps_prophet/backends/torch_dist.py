@@ -30,9 +30,21 @@ def env_rank_and_size(environ=None) -> tuple[int, int]:
     return rank, size
 
 
+def fuse_enabled(environ=None) -> bool:
+    """``BYTEPS_PROPHET_FUSE`` (0 or 1, default 0): whether Prophet's fused collectives go out as one
+    all_reduce each (docs/DESIGN.md, "Fused collectives"). Off by default: the one real A/B so far
+    (gloo, vgg, 1 Gbit/s, 2 workers) ran Prophet at 0.62x of DDP with it, against 1.05x without
+    (docs/BASELINES.md)."""
+    env = os.environ if environ is None else environ
+    raw = env.get("BYTEPS_PROPHET_FUSE", "0").strip()
+    if raw not in ("0", "1"):
+        raise ConfigError(f"BYTEPS_PROPHET_FUSE={raw!r} is invalid; valid: 0 (one collective per piece) or 1 "
+                          f"(Prophet fuses pieces into one all_reduce)")
+    return raw == "1"
+
+
 class TorchDistBackend(Backend):
     traits = EngineTraits(name="gloo", stages=1)
-    accepts_fused = True  # a FusedOp: one all_reduce of a flat buffer (one per dtype among its members)
 
     def __init__(self, kind: str = "gloo", group=None) -> None:
         super().__init__()
@@ -40,6 +52,8 @@ class TorchDistBackend(Backend):
         self.group = group
         self._store = None
         self._owns_group = False
+        # a FusedOp: one all_reduce of a flat buffer (one per dtype among its members); opt-in
+        self.accepts_fused = fuse_enabled()
         self.setup()
 
     def setup(self) -> None:

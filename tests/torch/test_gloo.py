@@ -132,13 +132,13 @@ def test_bench_comm_only_synchronises_the_model_without_compute():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_prophet_fused_collectives_equal_fifo_and_single_process(tmp_path):
-    """Without a chunk cap Prophet fuses pieces into one all_reduce of a flat buffer on gloo
-    (docs/DESIGN.md, "Fused collectives"): the parameters stay equal to one process's, every row goes
+    """With BYTEPS_PROPHET_FUSE=1 and no chunk cap Prophet fuses pieces into one all_reduce of a flat
+    buffer on gloo (docs/DESIGN.md, "Fused collectives"): the parameters stay equal to one process's, every row goes
     once on both ranks, and a profiled step issues fewer collectives than it sends pieces (the members
     of a fused op share its issue time in the trace)."""
     steps = 5
     ref = reference("many", "sgd", steps)
-    extra = {"PROPHET_MAX_CHUNK_BYTES": "0", "BYTESCHEDULER_PARTITION": "64"}
+    extra = {"PROPHET_MAX_CHUNK_BYTES": "0", "BYTESCHEDULER_PARTITION": "64", "BYTEPS_PROPHET_FUSE": "1"}
     result, out = launch(tmp_path, "prophet", "sgd", steps, model_name="many", extra=extra)
     assert result.ok, (result.reason, result.output)
     for params in every_worker(out):

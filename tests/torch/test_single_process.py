@@ -249,3 +249,13 @@ def test_the_scheduler_is_woken_when_it_asks_and_close_stops_the_timer():
     finally:
         opt.close()
     assert not opt._bpp._timer._thread.is_alive()
+
+
+def test_fuse_knob_is_validated_and_off_by_default():
+    from byteps_prophet.backends.torch_dist import fuse_enabled
+    from byteps_prophet.errors import ConfigError
+
+    assert fuse_enabled({}) is False
+    assert fuse_enabled({"BYTEPS_PROPHET_FUSE": "1"}) is True
+    with pytest.raises(ConfigError, match="BYTEPS_PROPHET_FUSE='yes' is invalid; valid: 0"):
+        fuse_enabled({"BYTEPS_PROPHET_FUSE": "yes"})
