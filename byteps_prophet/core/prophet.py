@@ -213,7 +213,9 @@ class Prophet(ByteScheduler):
             chunk = self._chunk_bytes(start, next_ready, end, to_come, latency, bandwidth, cost, floor)
             # The most urgent pending rows, cut to ``chunk``: the rest stays queued.
             piece = heappop(queue)[2]
-            if piece.nbytes > 1.25 * chunk:
+            # (fused, after the end of backward: pieces are fused up to the chunk but never cut, since a
+            # real engine's collective costs more than the fixed cost its monitor measures: its start-up)
+            if piece.nbytes > 1.25 * chunk and not (self._fuse and start >= end + latency):
                 rows = self._rows_for(piece, chunk)
                 if rows < piece.rows:
                     head = piece.split_head(rows)

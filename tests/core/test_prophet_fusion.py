@@ -16,8 +16,8 @@ BANDWIDTH = 1e9
 class CollectiveLink:
     """One FIFO stage; every message, fused or not, costs ``COLLECTIVE_S`` plus its bytes."""
 
-    def __init__(self, loop: Loop, stages: int = 1, accepts_fused: bool = True) -> None:
-        self.loop = loop
+    def __init__(self, loop: Loop, stages: int = 1, accepts_fused: bool = True, cost: float = COLLECTIVE_S) -> None:
+        self.loop, self.cost = loop, cost
         self.traits = EngineTraits(stages=stages)
         self.accepts_fused = accepts_fused
         self.free = 0.0
@@ -27,7 +27,7 @@ class CollectiveLink:
     def send(self, message):
         now = self.loop.clock.now()
         self.sent.append((now, message))
-        self.free = max(self.free, now) + COLLECTIVE_S + message.nbytes / BANDWIDTH
+        self.free = max(self.free, now) + self.cost + message.nbytes / BANDWIDTH
         self.loop.at(self.free, self.scheduler.finished, message)
 
 
@@ -120,3 +120,24 @@ def test_a_fused_message_is_started_and_finished_whole():
         scheduler.finished(message)
     with pytest.raises(RuntimeError):
         scheduler._start(Fused([Task("c", 3, (2,)).slice(0, 2), message.members[0]]))
+
+
+def test_after_the_end_of_backward_pieces_are_fused_never_cut():
+    """A real engine's collective costs more than the fixed cost its monitor measures (its start-up
+    latency is tracked apart), so after the end of backward the fused drain never cuts a queued piece
+    into smaller collectives, however small the measured cost makes its chunk; it only fuses. 40 MB of
+    backlog at the end, four small gradients before it, and gradient 0 (10 MB, three 1 M-element
+    pieces) arriving at the end, on a link whose collectives cost 10 us."""
+    loop = Loop()
+    link = CollectiveLink(loop, cost=1e-5)
+    scheduler = Prophet(Settings(scheduler="prophet"), loop.clock, link)
+    link.scheduler = scheduler
+    arrivals = ([(5, 0.0, (10000, 1000))] + [(i, 0.0045 + 1e-4 * (5 - i), (10, 1000)) for i in (4, 3, 2, 1)]
+                + [(0, 0.005, (2500, 1000))])
+    run_iterations(scheduler, loop, arrivals, iterations=6, period=0.2)
+    assert scheduler._plan is not None
+    drained = [m for t, m in link.sent if m.iteration == 5 and t >= 1.005 - 1e-9]
+    grad0 = sorted((p.row_start, p.row_end) for m in drained for p in members(m) if p.index == 0)
+    assert grad0 == [(0, 833), (833, 1666), (1666, 2500)], grad0  # ByteScheduler's partition, uncut
+    assert scheduler._drain_chunk < 833 * 1000 * 4  # the chunk would have cut them
+    assert any(isinstance(m, Fused) for _, m in link.sent if m.iteration == 5)  # small ones still fused
