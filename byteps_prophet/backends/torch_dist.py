@@ -32,9 +32,10 @@ def env_rank_and_size(environ=None) -> tuple[int, int]:
 
 def fuse_enabled(environ=None) -> bool:
     """``BYTEPS_PROPHET_FUSE`` (0 or 1, default 0): whether Prophet's fused collectives go out as one
-    all_reduce each (docs/DESIGN.md, "Fused collectives"). Off by default: the one real A/B so far
-    (gloo, vgg, 1 Gbit/s, 2 workers) ran Prophet at 0.62x of DDP with it, against 1.05x without
-    (docs/BASELINES.md)."""
+    all_reduce each (docs/DESIGN.md, "Fused collectives"). Off by default until a real run shows a
+    gain: with 2 workers (gloo, vgg, 1 Gbit/s) it is level with one collective per piece and fuses
+    nothing (the monitor's per-message cost reads 0 there); its first version ran at 0.62x of DDP
+    (docs/BASELINES.md, "Fused collectives on the real runtime")."""
     env = os.environ if environ is None else environ
     raw = env.get("BYTEPS_PROPHET_FUSE", "0").strip()
     if raw not in ("0", "1"):
