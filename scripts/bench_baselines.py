@@ -6,11 +6,11 @@ its default bucket (25 MiB, first 1 MiB) and with the best bucket of ``BUCKET_SW
 its defaults (1 ms cycle, 128 MiB buffer), and reports Prophet against the better of DDP's best
 bucket and Horovod. Beside the lower bound (ALGORITHMS.md section 4) each cell carries the
 *no-fusion bound*: the same bound for a schedule that sends every gradient in at least one message of
-its own (Prophet, ByteScheduler and FIFO never put two gradients in one message), which pays one
-collective's fixed cost (``2(n-1)`` ring steps of per-message overhead and latency) per gradient.
-Where that bound is above the baselines' time, no such schedule can be within 1% of them. A column
-``prophet_partition_16m`` runs Prophet with ``BYTESCHEDULER_PARTITION=16000000`` (its pieces, and so
-its messages, 16 times larger than by default).
+its own (ByteScheduler and FIFO never put two gradients in one message; Prophet fuses them on
+all-reduce since docs/DESIGN.md, "Fused collectives"), which pays one collective's fixed cost
+(``2(n-1)`` ring steps of per-message overhead and latency) per gradient. A column
+``prophet_partition_16m`` runs Prophet with ``BYTESCHEDULER_PARTITION=16000000`` (its queued pieces 16
+times larger than by default). ``prophet_messages_per_iteration`` counts collectives (a fused one once).
 
     .venv/bin/python scripts/bench_baselines.py --out out/bench_baselines.json \\
         --compact docs/bench_baselines_results.json
@@ -79,7 +79,7 @@ def cell(layers, cluster, iterations: int) -> dict:
 
 def _messages_per_iteration(layers, cluster, iterations, warmup) -> float:
     result = Simulation(layers, cluster, Settings(scheduler="prophet"), iterations, warmup).run()
-    steady = [piece for piece in result.sent if piece.iteration >= warmup]
+    steady = [iteration for iteration in result.messages if iteration >= warmup]  # collectives, fused once
     return len(steady) / max(1, iterations - warmup)
 
 

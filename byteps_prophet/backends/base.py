@@ -50,11 +50,35 @@ class Op:
         return [self.name, self.iteration, self.row_start, self.row_end]
 
 
+@dataclass(eq=False)
+class FusedOp(Op):
+    """Several ops synchronised as one message (Prophet's fused collective, docs/DESIGN.md, "Fused
+    collectives"): on an all-reduce, one collective of their rows concatenated, copied back into each
+    member's ``tensor`` and averaged once. ``name`` and the rows are the first member's; the followers
+    learn the members from the announcement (``describe``'s fifth field)."""
+
+    members: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, members: list[Op], piece: Any = None) -> "FusedOp":
+        head = members[0]
+        return cls(head.name, head.iteration, head.row_start, head.row_end, piece=piece, members=members)
+
+    @property
+    def key(self) -> str:
+        return f"{self.members[0].key}+{len(self.members) - 1} fused"
+
+    def describe(self) -> list:
+        return [*super().describe(), [[m.name, m.row_start, m.row_end] for m in self.members]]
+
+
 class Backend:
-    """Base class. Subclasses set ``traits`` and implement ``issue``/``wait``."""
+    """Base class. Subclasses set ``traits`` and implement ``issue``/``wait``. One that sets
+    ``accepts_fused`` synchronises a :class:`FusedOp` as one message (Prophet then fuses)."""
 
     name = "base"
     traits = EngineTraits(name="local")
+    accepts_fused = False
 
     def __init__(self) -> None:
         self.rank = 0

@@ -34,7 +34,7 @@ import time
 from collections import defaultdict, deque
 from typing import Callable
 
-from byteps_prophet.backends.base import Backend, BackendError, Op, OrderMismatch
+from byteps_prophet.backends.base import Backend, BackendError, FusedOp, Op, OrderMismatch
 
 
 def slice_rows(name, iteration: int, row_start: int, row_end: int, tensor, rank: int) -> Op:
@@ -165,19 +165,30 @@ class Synchroniser:
                 if kind == "end":
                     self._check_end(int(record[1]), rank)
                     continue
-                _, name, iteration, row_start, row_end = record
-                with self._cond:
-                    while (iteration, name) not in self._local and self._failed is None:
-                        if iteration in self._ended:
-                            raise OrderMismatch(
-                                f"rank 0 synchronises gradient {name!r} of iteration {iteration}, but rank {rank} "
-                                f"finished that backward pass without it (parameter unused on rank {rank} only?)")
-                        self._cond.wait(1.0)
-                    if self._failed is not None:
-                        return
-                    local = self._local[(iteration, name)]
-                    self._announced[iteration].add(name)
-                self._issue(self._make_op(name, iteration, row_start, row_end, local, rank))
+                _, name, iteration, row_start, row_end, *fused = record
+                if fused:  # a fused op (backends.base.FusedOp): its members, in the leader's order
+                    members = [self._local_op(m, iteration, a, b, rank) for m, a, b in fused[0]]
+                    op = None if None in members else FusedOp.of(members)
+                else:
+                    op = self._local_op(name, iteration, row_start, row_end, rank)
+                if op is None:
+                    return
+                self._issue(op)
+
+    def _local_op(self, name, iteration: int, row_start: int, row_end: int, rank: int) -> Op | None:
+        """This rank's op for announced rows, once its gradient is ready (None: the run failed)."""
+        with self._cond:
+            while (iteration, name) not in self._local and self._failed is None:
+                if iteration in self._ended:
+                    raise OrderMismatch(
+                        f"rank 0 synchronises gradient {name!r} of iteration {iteration}, but rank {rank} "
+                        f"finished that backward pass without it (parameter unused on rank {rank} only?)")
+                self._cond.wait(1.0)
+            if self._failed is not None:
+                return None
+            local = self._local[(iteration, name)]
+            self._announced[iteration].add(name)
+        return self._make_op(name, iteration, row_start, row_end, local, rank)
 
     def _check_end(self, iteration: int, rank: int) -> None:
         with self._cond:

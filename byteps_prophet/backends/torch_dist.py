@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from byteps_prophet.backends.base import Backend, BackendError, Op, timeout_s
+from byteps_prophet.backends.base import Backend, BackendError, FusedOp, Op, timeout_s
 from byteps_prophet.backends.channel import StoreChannel
 from byteps_prophet.backends.rendezvous import TORCH_STORE_PORT, rendezvous
 from byteps_prophet.core.engine import EngineTraits
@@ -27,6 +27,8 @@ class TorchDistBackend(Backend):
         self.group = group
         self._store = None
         self._owns_group = False
+        # a FusedOp: one all_reduce of a flat buffer (one per dtype among its members); opt-in
+        self.accepts_fused = True  # a FusedOp is one all_reduce of a flat buffer (issue below)
         self.setup()
 
     def setup(self) -> None:
@@ -63,6 +65,18 @@ class TorchDistBackend(Backend):
 
         if self.size == 1:
             return (op, None)
+        if isinstance(op, FusedOp):
+            # One flat buffer per dtype (in the members' order, the same on every rank), one all_reduce each.
+            from torch._utils import _flatten_dense_tensors
+
+            groups: dict = {}
+            for member in op.members:
+                groups.setdefault(member.tensor.dtype, []).append(member)
+            works = []
+            for members in groups.values():
+                flat = _flatten_dense_tensors([m.tensor for m in members])
+                works.append((members, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+            return (op, works)
         return (op, dist.all_reduce(op.tensor, group=self.group, async_op=True))
 
     def wait(self, handle) -> None:
@@ -70,11 +84,20 @@ class TorchDistBackend(Backend):
         if work is None:
             return
         try:
-            work.wait()
+            for item in (work if isinstance(work, list) else [(None, None, work)]):
+                item[2].wait()
         except Exception as err:  # noqa: BLE001
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise BackendError(f"rank {self.rank}: all-reduce of {op.key} (iteration {op.iteration}) failed; "
                                f"a peer died or left? {first}") from None
+        if isinstance(work, list):
+            from torch._utils import _unflatten_dense_tensors
+
+            for members, flat, _ in work:
+                flat.div_(self.size)  # once, for the whole buffer
+                for member, reduced in zip(members, _unflatten_dense_tensors(flat, [m.tensor for m in members])):
+                    member.tensor.copy_(reduced)
+            return
         op.tensor.div_(self.size)
 
     def close(self) -> None:

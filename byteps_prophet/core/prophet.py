@@ -17,7 +17,7 @@ from byteps_prophet.core.bytescheduler import ByteScheduler
 from byteps_prophet.core.linkmodel import LinkModel
 from byteps_prophet.core.prediction import StepPrediction
 from byteps_prophet.core.profiler import ReadyProfiler, StepProfile
-from byteps_prophet.core.task import Task, atom_grid, atom_rows
+from byteps_prophet.core.task import Fused, Task, atom_grid, atom_rows
 
 MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
@@ -25,6 +25,7 @@ TRAILING_CHUNK_BYTES = 2 * 1024 * 1024  # where pulls follow pushes: DESIGN.md, 
 KEEPS_UP_BACKLOG = 0.1  # of the step's bytes: DESIGN.md, "Link keeps up"
 KEEPS_UP_ITERATIONS = 5  # the rate that decides it: one that this many of the last
 KEEPS_UP_REACHED = 2  # ... KEEPS_UP_ITERATIONS iterations' readings reached
+FUSION_LATENCIES = 16  # a fused collective carries at least this many per-message costs' worth of bytes
 
 
 class Prophet(ByteScheduler):
@@ -51,6 +52,10 @@ class Prophet(ByteScheduler):
         self.prediction = StepPrediction()
         self.link = LinkModel(self._serializations + self._pulls_follow_pushes, traits.is_parameter_server)
         self._flight_depth = len(self.link.stage_free) * self._chunk_cap  # DESIGN.md, "Flight window"
+        # Where a message costs a collective (all-reduce) and the transport carries several pieces as
+        # one: fuse the most urgent pending pieces up to the chunk (DESIGN.md, "Fused collectives").
+        self._fuse = (not traits.is_parameter_server and self.mode != "paper"
+                      and bool(getattr(transport, "accepts_fused", False)))
         self._plan: StepProfile | None = None
         self._sizes: dict[int, int] = {}  # bytes of each gradient, as last posted
         self._iteration: int | None = None
@@ -203,16 +208,21 @@ class Prophet(ByteScheduler):
                     return
             if bandwidth is None:
                 bandwidth, cost = self.bandwidth.rate_and_cost()
-                floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, FLOOR_LATENCIES * bandwidth * cost)
+                latencies = FUSION_LATENCIES if self._fuse else FLOOR_LATENCIES
+                floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, latencies * bandwidth * cost)
             chunk = self._chunk_bytes(start, next_ready, end, to_come, latency, bandwidth, cost, floor)
             # The most urgent pending rows, cut to ``chunk``: the rest stays queued.
             piece = heappop(queue)[2]
-            if piece.nbytes > 1.25 * chunk:
+            # (fused, after the end of backward: pieces are fused up to the chunk but never cut, since a
+            # real engine's collective costs more than the fixed cost its monitor measures: its start-up)
+            if piece.nbytes > 1.25 * chunk and not (self._fuse and start >= end + latency):
                 rows = self._rows_for(piece, chunk)
                 if rows < piece.rows:
                     head = piece.split_head(rows)
                     heappush(queue, (piece.priority, next(self._sequence), piece))
                     piece = head
+            elif self._fuse and queue and piece.nbytes < chunk:
+                piece = self._fused(piece, chunk)
             self.pending_bytes -= piece.nbytes
             link.advance(piece, now + latency, cost + piece.nbytes / bandwidth)
             self.credit -= piece.numel
@@ -233,14 +243,42 @@ class Prophet(ByteScheduler):
                 chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
         else:
             if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
-                stages = self._serializations - 1
-                self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
+                if self._fuse:
+                    self._drain_chunk = self._fused_drain_chunk(bandwidth, cost)
+                else:
+                    stages = self._serializations - 1
+                    self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
             chunk = self._drain_chunk
         if chunk < floor:
             chunk = floor
         if chunk > self._chunk_cap:
             chunk = self._chunk_cap
         return chunk
+
+    def _fused_drain_chunk(self, bandwidth: float, cost: float) -> float:
+        """Fused collectives after the end of backward: equal chunks of what is pending, as many as
+        balance their fixed costs against the compute of the next forward pass left after the last one
+        (``k x cost`` against ``chunk x seconds of compute per byte``). The backward's seconds per byte
+        (the profiled span over the step's bytes) stands for the forward's (DESIGN.md, "Fused
+        collectives")."""
+        prediction = self.prediction
+        step_bytes = prediction.bytes_from[0]
+        per_byte = prediction.span / step_bytes if step_bytes and prediction.span > 0 else 1.0 / bandwidth
+        return math.sqrt(self.pending_bytes * cost / per_byte)
+
+    def _fused(self, head: Task, chunk: float) -> Task | Fused:
+        """``head`` and the next most urgent whole pending pieces of its iteration, while they fit in
+        ``chunk`` bytes together: one message (DESIGN.md, "Fused collectives")."""
+        queue = self._queue
+        members, total = [head], head.nbytes
+        while queue:
+            piece = queue[0][2]
+            if piece.iteration != head.iteration or total + piece.nbytes > chunk:
+                break
+            heappop(queue)
+            members.append(piece)
+            total += piece.nbytes
+        return head if len(members) == 1 else Fused(members)
 
     def _window_full(self) -> bool:
         """Whether what is in flight fills the flight window, the larger of one chunk per stage and

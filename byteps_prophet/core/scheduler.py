@@ -24,11 +24,14 @@ from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.core.clock import Clock
 from byteps_prophet.core.engine import EngineTraits
 from byteps_prophet.core.settings import Settings
-from byteps_prophet.core.task import State, Task
+from byteps_prophet.core.task import Fused, State, Task
 
 
 class Transport(Protocol):
     traits: EngineTraits  # what the engine behind it is like, fixed at its construction
+    # Optional (absent: False): the transport carries a ``Fused`` of several pieces as one message (one
+    # collective) and reports it back whole with ``finished``; Prophet fuses only for such a transport.
+    accepts_fused: bool
 
     def send(self, task: Task) -> None:
         """Start synchronising ``task``; report completion with ``scheduler.finished(task)``."""
@@ -69,7 +72,7 @@ class Scheduler:
         self._on_ready(task)
         self._kick()
 
-    def finished(self, piece: Task) -> None:
+    def finished(self, piece: Task | Fused) -> None:
         now = self.clock.now()
         if piece.state is not State.STARTED:
             raise ValueError(f"finished() for a slice that was not started: {piece!r}")
@@ -79,6 +82,18 @@ class Scheduler:
         self.in_flight_bytes -= piece.nbytes
         self.in_flight_count -= 1
         self._on_finished(piece)
+        if type(piece) is Fused:
+            for member in piece.members:
+                if member.state is not State.STARTED:
+                    raise RuntimeError(f"finished() for a fused slice that was not started: {member!r}")
+                member.state = State.FINISHED
+                member.finish_time = now
+                self._rows_finished(member, now)
+        else:
+            self._rows_finished(piece, now)
+        self._kick()
+
+    def _rows_finished(self, piece: Task, now: float) -> None:
         parent = piece.parent
         root = piece if parent is None else parent.root
         root.rows_done += piece.rows
@@ -88,7 +103,6 @@ class Scheduler:
             root.state = State.FINISHED
             root.finish_time = now
             self.on_done(root)
-        self._kick()
 
     def end_of_backward(self, iteration: int) -> None:
         self._on_end_of_backward(iteration)
@@ -114,15 +128,21 @@ class Scheduler:
         pass
 
     # -- shared machinery -----------------------------------------------------------------------------
-    def _start(self, piece: Task) -> None:
+    def _start(self, piece: Task | Fused) -> None:
         now = self.clock.now()
         piece.state = State.STARTED
         piece.start_time = now
-        parent = piece.parent
-        root = piece if parent is None else parent.root
-        if root.state is State.READY:
-            root.state = State.STARTED
-            root.start_time = now
+        for member in piece.members if type(piece) is Fused else (piece,):
+            if member is not piece:
+                if member.state is not State.READY:
+                    raise RuntimeError(f"fused a slice that is not ready: {member!r}")
+                member.state = State.STARTED
+                member.start_time = now
+            parent = member.parent
+            root = member if parent is None else parent.root
+            if root.state is State.READY:
+                root.state = State.STARTED
+                root.start_time = now
         self.in_flight_bytes += piece.nbytes
         self.in_flight_count += 1
         self.bandwidth.on_send(piece, now)

@@ -49,6 +49,9 @@ class Settings:
     backend: str = ""  # gloo, nccl, byteps, local; "" = from the process (torch.distributed, DMLC_ROLE, WORLD_SIZE)
     overlap: bool = True  # layer-wise overlap: a forward waits only for its own layer's update
     layerwise: bool = True  # per-parameter update as each gradient is synchronised
+    # Prophet's fused collectives on torch.distributed (docs/DESIGN.md, "Fused collectives"): off until a
+    # real run shows a gain (docs/BASELINES.md); the simulator always fuses on all-reduce
+    fuse: bool = False
     # Diagnostics.
     trace: str = ""  # PATH ({rank} replaced): each rank's events as Chrome trace JSON (core/trace.py); "" = none
     profile: str = ""  # PATH ({rank} replaced): the recorded profile (docs/PROFILE.md); "" = none
@@ -114,6 +117,7 @@ ENVIRONMENT = {
     "backend": ("BYTEPS_PROPHET_BACKEND", ", ".join(BACKENDS)),
     "overlap": ("BYTEPS_PROPHET_OVERLAP", "0, 1"),
     "layerwise": ("BYTEPS_PROPHET_LAYERWISE", "0, 1"),
+    "fuse": ("BYTEPS_PROPHET_FUSE", "0, 1"),
     "trace": ("BYTEPS_PROPHET_TRACE", "a file path ({rank} is replaced by the rank)"),
     "profile": ("BYTEPS_PROPHET_PROFILE", "a file path ({rank} is replaced by the rank)"),
 }

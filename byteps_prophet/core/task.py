@@ -165,3 +165,30 @@ class Task:
 
     def __repr__(self) -> str:
         return f"Task({self.key}, it={self.iteration}, prio={self.priority}, {self.nbytes}B, {self.state.value})"
+
+
+class Fused:
+    """Several queued pieces sent as one message: on an all-reduce engine one collective of their
+    concatenated rows (docs/DESIGN.md, "Fused collectives"). The scheduler starts and finishes each
+    member through it, so every member's rows are still synchronised exactly once; the transport and
+    the link's monitor see one message of ``nbytes``."""
+
+    __slots__ = ("members", "nbytes", "numel", "rows", "index", "iteration", "priority", "key", "state",
+                 "start_time", "finish_time")
+    parent = None
+
+    def __init__(self, members: list[Task]) -> None:
+        if not members:
+            raise ValueError("a fused message of no pieces")
+        self.members = members
+        self.nbytes = sum(piece.nbytes for piece in members)
+        self.numel = sum(piece.numel for piece in members)
+        self.rows = sum(piece.rows for piece in members)
+        head = members[0]
+        self.index, self.iteration, self.priority = head.index, head.iteration, head.priority
+        self.key = head.key if len(members) == 1 else f"{head.key}+{len(members) - 1}"
+        self.state = State.READY
+        self.start_time = self.finish_time = math.nan
+
+    def __repr__(self) -> str:
+        return f"Fused({self.key}, it={self.iteration}, {len(self.members)} pieces, {self.nbytes}B, {self.state.value})"

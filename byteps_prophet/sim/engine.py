@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 from byteps_prophet.core import EngineTraits, Settings, Task, make_scheduler
 from byteps_prophet.core.link import LinkMonitor
+from byteps_prophet.core.task import Fused
 from byteps_prophet.errors import UserError
 from byteps_prophet.sim.network import ARCHITECTURES, Conditions, ParameterServerNetwork, RingAllReduceNetwork
 
@@ -94,6 +95,7 @@ class SimResult:
     sent: list[Task]
     trace: SpanLog | None
     finish_s: float  # when the last byte of the last iteration was synchronised
+    messages: list[int] = field(default_factory=list)  # per message the network carried: its iteration
 
     @property
     def iteration_times(self) -> list[float]:
@@ -153,6 +155,7 @@ class Simulation:
         self._next_tick = math.inf
         self.network.on_finished = self._on_piece_finished
         self._sent: list[Task] = []
+        self._messages: list[int] = []
         self._trace = SpanLog(trace_iteration) if trace_iteration is not None else None
         self._iteration = 0
         self._synced = [True] * len(self.layers)  # parameter i is up to date for the next forward
@@ -216,9 +219,11 @@ class Simulation:
 
     # -- communication ---------------------------------------------------------------------------------
     def _on_piece_finished(self, piece: Task) -> None:
-        self._sent.append(piece)
-        if self._trace is not None and self._traced(piece):
-            self._trace.pieces.append((piece.index, piece.key, piece.start_time, self.loop.time))
+        self._messages.append(piece.iteration)
+        for member in piece.members if type(piece) is Fused else (piece,):  # ``sent`` lists the slices
+            self._sent.append(member)
+            if self._trace is not None and self._traced(member):
+                self._trace.pieces.append((member.index, member.key, piece.start_time, self.loop.time))
         self.scheduler.finished(piece)
 
     def _wake_at(self, t: float) -> None:
@@ -257,7 +262,7 @@ class Simulation:
             raise RuntimeError(
                 f"simulation stalled in iteration {len(self._iteration_starts)} under {self.scheduler.name}"
             )
-        return SimResult(self._iteration_starts, self.warmup, self._sent, self._trace, self.loop.time)
+        return SimResult(self._iteration_starts, self.warmup, self._sent, self._trace, self.loop.time, self._messages)
 
 
 def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:

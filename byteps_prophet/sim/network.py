@@ -143,7 +143,10 @@ class ParameterServerNetwork(_Network):
 
 class RingAllReduceNetwork(_Network):
     """One collective at a time over a ring of ``workers``: 2(n-1) steps, each moving 1/n of the
-    message over every link and paying ``message cost + latency``."""
+    message over every link and paying ``message cost + latency``. A fused message (``core.task.Fused``,
+    a DDP bucket) is one collective: its fixed cost once, whatever the pieces in it."""
+
+    accepts_fused = True
 
     def __init__(self, workers: int, traits: EngineTraits, conditions: Conditions, latency: float,
                  schedule, now) -> None:

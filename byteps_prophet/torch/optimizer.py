@@ -41,12 +41,13 @@ from typing import Any, Iterable
 import torch
 
 from byteps_prophet.backends import Backend, make_backend
-from byteps_prophet.backends.base import BackendError, Op
+from byteps_prophet.backends.base import BackendError, FusedOp, Op
 from byteps_prophet.backends.link import link_monitor
 from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.backends.rendezvous import rendezvous
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import MonotonicClock, Settings, Task, make_scheduler
+from byteps_prophet.core.task import Fused
 from byteps_prophet.core.trace import TraceLog, trace_path, writable
 from byteps_prophet.errors import ConfigError, UserError
 from byteps_prophet.torch.compression import Compression
@@ -182,6 +183,8 @@ class _Engine:
         # atoms it sends under Prophet (every rank: all must send the same atoms).
         atom = backend.use_atoms(_prophet_atom_elements(settings)) if settings.scheduler == "prophet" else 0
         self.traits = backend.traits.replace(atom_elements=atom)
+        # Prophet's fused collectives go out as one FusedOp where the backend carries one and the user asks
+        self.accepts_fused = backend.accepts_fused and settings.fuse
         self.scheduler = None
         self._timer = None
         if self.leader:
@@ -320,13 +323,20 @@ class _Engine:
             self.trace.instant("plan", "Prophet plan", now, iteration=iteration)
 
     # -- the Transport contract (called by the scheduler, under lock) ---------------------------------
-    def send(self, piece: Task) -> None:
-        entry: _Param = piece.root.payload
-        op = Op(piece.name, piece.iteration, piece.row_start, piece.row_end,
-                entry.payload[piece.row_start:piece.row_end], piece=piece, whole=entry.payload)
+    def send(self, piece: Task | Fused) -> None:
+        if type(piece) is Fused:
+            op = FusedOp.of([self._op(member) for member in piece.members], piece=piece)
+        else:
+            op = self._op(piece)
         if self.trace is not None:
             op.extra["submit"] = self.clock.now()
         self.sync.submit(op)
+
+    @staticmethod
+    def _op(piece: Task) -> Op:
+        entry: _Param = piece.root.payload
+        return Op(piece.name, piece.iteration, piece.row_start, piece.row_end,
+                  entry.payload[piece.row_start:piece.row_end], piece=piece, whole=entry.payload)
 
     def _on_done(self, task: Task) -> None:
         self._done.append(task.root.payload)
@@ -347,29 +357,35 @@ class _Engine:
                     now = self.clock.now()
                 self.scheduler.finished(op.piece)
                 done, self._done = self._done, []
-                if self.trace is not None:
+                if self.trace is not None:  # a fused op: one line per member, with the op's times
                     bw = self.scheduler.bandwidth
-                    self._trace_op(op, op.piece.index, op.piece.nbytes, now, op.extra.get("submit"),
-                                   bandwidth_Bps=bw.bytes_per_s, message_cost_s=bw.message_cost,
-                                   latency_s=bw.latency)
+                    for member in op.members if isinstance(op, FusedOp) else (op,):
+                        self._trace_op(op, member, member.piece.index, member.piece.nbytes, now, op.extra.get("submit"),
+                                       bandwidth_Bps=bw.bytes_per_s, message_cost_s=bw.message_cost,
+                                       latency_s=bw.latency)
         else:
-            entry = self.by_name[op.name]
-            if self.trace is not None:  # the leader's fields; the scheduler's are rank 0's
-                self._trace_op(op, entry.index, op.tensor.numel() * op.tensor.element_size(), self.clock.now(), None)
-            entry.rows_left -= op.row_end - op.row_start
-            done = [entry] if entry.rows_left == 0 else []
-            if entry.rows_left < 0:
-                raise BackendError(f"rank {self.backend.rank}: rows of {op.name!r} synchronised twice")
+            done = []
+            for member in op.members if isinstance(op, FusedOp) else (op,):
+                entry = self.by_name[member.name]
+                if self.trace is not None:  # the leader's fields; the scheduler's are rank 0's
+                    self._trace_op(op, member, entry.index, member.tensor.numel() * member.tensor.element_size(),
+                                   self.clock.now(), None)
+                entry.rows_left -= member.row_end - member.row_start
+                if entry.rows_left == 0:
+                    done.append(entry)
+                if entry.rows_left < 0:
+                    raise BackendError(f"rank {self.backend.rank}: rows of {member.name!r} synchronised twice")
         for entry in done:
             self._synchronised(entry)
 
-    def _trace_op(self, op: Op, index: int, nbytes: int, done: float, submit: float | None, **leader) -> None:
-        """One op as a span from its submission to the scheduler's transport (the leader) or its issue to
-        the engine (a follower) to its completion."""
+    def _trace_op(self, op: Op, member: Op, index: int, nbytes: int, done: float, submit: float | None,
+                  **leader) -> None:
+        """One op's ``member`` (the op itself unless fused) as a span from the op's submission to the
+        scheduler's transport (the leader) or its issue to the engine (a follower) to its completion."""
         issue = op.extra.get("issue")
         start = submit if submit is not None else issue if issue is not None else done
-        self.trace.span("op", op.name, start, done, iteration=op.iteration, index=index,
-                        rows=[op.row_start, op.row_end], bytes=nbytes,
+        self.trace.span("op", member.name, start, done, iteration=op.iteration, index=index,
+                        rows=[member.row_start, member.row_end], bytes=nbytes,
                         submit_ts=None if submit is None else round(submit * 1e6, 3),
                         issue_ts=None if issue is None else round(issue * 1e6, 3), **leader)
 

@@ -128,3 +128,24 @@ def test_bench_comm_only_synchronises_the_model_without_compute():
     model_bytes = sum(p.numel() * 4 for p in build_bench_model("mlp").parameters())
     assert out["comm_only"] and out["world_size"] == 2 and out["param_bytes"] == model_bytes
     assert out["samples_per_s"] > 0 and out["iter_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_prophet_fused_collectives_equal_fifo_and_single_process(tmp_path):
+    """With BYTEPS_PROPHET_FUSE=1 and no chunk cap Prophet fuses pieces into one all_reduce of a flat
+    buffer on gloo (docs/DESIGN.md, "Fused collectives"): the parameters stay equal to one process's, every row goes
+    once on both ranks, and a profiled step issues fewer collectives than it sends pieces (the members
+    of a fused op share its issue time in the trace)."""
+    steps = 5
+    ref = reference("many", "sgd", steps)
+    extra = {"PROPHET_MAX_CHUNK_BYTES": "0", "BYTESCHEDULER_PARTITION": "64", "BYTEPS_PROPHET_FUSE": "1"}
+    result, out = launch(tmp_path, "prophet", "sgd", steps, model_name="many", extra=extra)
+    assert result.ok, (result.reason, result.output)
+    for params in every_worker(out):
+        assert_same(params, ref)
+    assert_sent_once(out, steps)
+    for path in (f"{out}.trace.json", f"{out}.trace.rank1.json"):
+        ops = [e for e in json.loads(open(path).read())["events"] if e[0] == "op" and e[1] >= steps - 2]
+        issued = {(e[1], e[7]) for e in ops}  # (iteration, issue time): one per collective
+        assert len(issued) < len(ops) / 2, (path, len(issued), len(ops))
