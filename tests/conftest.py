@@ -56,7 +56,7 @@ def _assert_loads_in_perfetto(path) -> dict:
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
         if e["ph"] == "X":
             assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0, e
-            threads[e["pid"], e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
+            threads[e["pid"], e["tid"]].append((e["ts"], round(e["ts"] + e["dur"], 3)))  # as written: us, 3 places
         elif e["ph"] == "M":
             assert e["name"] in ("process_name", "thread_name", "thread_sort_index"), e
     for spans in threads.values():

@@ -59,13 +59,14 @@ class TraceLog:
         body: list[dict] = []
         lanes: dict[str, list[float]] = {track: [] for track in tracks}  # each lane's last end
         for cat, name, start, end, track, args in sorted(spans, key=lambda s: (s[2], -s[3])):
+            ts, end_us = _us(start), _us(end)  # lanes decided on the times as written
             ends = lanes[track]
-            lane = next((i for i, last in enumerate(ends) if last <= start), len(ends))
+            lane = next((i for i, last in enumerate(ends) if last <= ts), len(ends))
             if lane == len(ends):
-                ends.append(end)
+                ends.append(end_us)
             else:
-                ends[lane] = end
-            body.append({"name": name, "cat": cat, "ph": "X", "ts": _us(start), "dur": round(_us(end) - _us(start), 3),
+                ends[lane] = end_us
+            body.append({"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": round(end_us - ts, 3),
                          "pid": pid, "tid": tracks[track] * LANES_PER_TRACK + lane, "args": args})
         for cat, name, t, track, args in instants:
             body.append({"name": name, "cat": cat, "ph": "i", "s": "t", "ts": _us(t), "pid": pid,

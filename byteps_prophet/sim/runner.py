@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from byteps_prophet.core import Settings
+from byteps_prophet.core.trace import TraceLog
 from byteps_prophet.errors import UserError
 from byteps_prophet.sim.baselines import BASELINE_VARIANTS, best_bucket, simulate_baseline
 from byteps_prophet.sim.engine import ClusterSpec, Layer, SimResult, Simulation, lower_bound_s
@@ -124,32 +125,27 @@ def report(comparison: Comparison, **header) -> dict:
 
 
 def chrome_trace(comparison: Comparison) -> dict:
-    """One process per scheduler, one row per gradient: queueing (ready -> first byte sent) and
-    communication spans of the traced iteration, plus a compute row."""
-    events = []
+    """The plugins' trace format (core/trace.py), one process per scheduler: a compute row, and one row
+    per gradient with its queueing (ready -> first byte sent) and communication spans of the traced
+    iteration."""
+    events: list[dict] = []
     for pid, (name, result) in enumerate(comparison.results.items()):
         log = result.trace
         if log is None:
             continue
-        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
+        trace = TraceLog(pid, name)
         origin = min([s for _, s, _ in log.compute] + list(log.ready.values()) or [0.0])
-        us = lambda t: round((t - origin) * 1e6, 3)  # noqa: E731
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "compute"}})
         for what, start, end in log.compute:
-            events.append({"ph": "X", "name": what, "cat": "compute", "pid": pid, "tid": 0,
-                           "ts": us(start), "dur": us(end) - us(start)})
+            trace.span("compute", what, start - origin, end - origin, track="compute")
         first_start: dict[int, float] = {}
         for index, key, start, finish in log.pieces:
             first_start[index] = min(first_start.get(index, math.inf), start)
-            events.append({"ph": "X", "name": key, "cat": "comm", "pid": pid, "tid": index + 1,
-                           "ts": us(start), "dur": us(finish) - us(start)})
+            trace.span("comm", key, start - origin, finish - origin, track=f"grad {index}")
         for index, ready in log.ready.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": index + 1,
-                           "args": {"name": f"grad {index}"}})
             if index in first_start and first_start[index] > ready:
-                events.append({"ph": "X", "name": "queued", "cat": "queue", "pid": pid, "tid": index + 1,
-                               "ts": us(ready), "dur": us(first_start[index]) - us(ready)})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+                trace.span("queue", "queued", ready - origin, first_start[index] - origin, track=f"grad {index}")
+        events += trace.document()["traceEvents"]
+    return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": {"simulated": list(comparison.results)}}
 
 
 def write_trace(comparison: Comparison, path: str) -> None:

@@ -13,7 +13,7 @@ def run_cli(*args, env=None):
                           env=env, timeout=300)
 
 
-def test_json_reports_every_variant_with_the_bound(capsys, tmp_path):
+def test_json_reports_every_variant_with_the_bound(capsys, tmp_path, perfetto_check):
     trace, png = tmp_path / "t.json", tmp_path / "p.png"
     assert main(["simulate", "--model", "alexnet", "--workers", "2", "--bandwidth", "3gbit", "--iterations", "12",
                  "--json", "--trace", str(trace), "--plot", str(png)]) == 0
@@ -23,8 +23,10 @@ def test_json_reports_every_variant_with_the_bound(capsys, tmp_path):
     best = out["results"]["bytescheduler_best"]
     assert best["credit"] > 0 and best["iter_ms"] == min(out["credit_sweep_ms"].values())
     assert all(r["iter_ms"] >= out["lower_bound_ms"] * 0.999 for r in out["results"].values())
+    perfetto_check(trace)  # the plugins' one trace format
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["cat"] for e in events if e["ph"] == "X"} >= {"comm", "compute"}
+    assert len({e["pid"] for e in events}) == len(out["results"])  # one process per scheduler
     assert png.stat().st_size > 1000
 
 
