@@ -13,6 +13,10 @@ on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate 
   intercept of the same least-squares line through them is the cost;
 * **pulls follow pushes** (parameter servers): a small op sent just before a large one, against the
   same op alone: it finishing only after most of the large push means its pull queued behind it;
+* **back-pressure** (the same two ops, with more workers than servers): the small op waiting longer
+  than halfway from the large push at the worker's own pace (its link alone) to the same push at the
+  server's (its ingress shared by every worker's push) means the worker's queue drained only as the
+  server took it;
 * **duplex**: on a parameter server, a second large op issued 1.25 push times after the first: both
   done after 3.25 one-way transfers on a duplex link, 4 on a half-duplex one. For an all-reduce, the
   measured rate against the shaped one;
@@ -151,14 +155,21 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         "back_to_back_bytes_per_s": stream_rate, "alone_intercept_s": intercept,
         "small_alone_s": small_alone, "small_service_s": small_service,
     }
-    follows = False
+    follows = pressed = False
     if stages == 2:
         behind = raw["behind"]
         behind_s = _median(behind["flight_s"], "small op before a large one")
         big_push = cost + behind["big_link_bytes"] / rate
         extra = behind_s - small_alone
         follows = extra > FOLLOW_SHARE * big_push
-        derived.update(behind_s=behind_s, behind_extra_s=extra, big_push_s=big_push)
+        # The large push at the worker's own pace (its link alone) and at the server's (its ingress
+        # shared by the pushes of ``link_factor`` workers): a small op's pull request queued behind
+        # it waits for the slower one where the worker's queue drains only as the server takes it.
+        factor = float(raw.get("link_factor") or link_factor(backend, workers, servers))
+        worker_push = cost + behind["big_link_bytes"] / factor / rate
+        pressed = follows and factor > 1 and extra > (worker_push + big_push) / 2
+        derived.update(behind_s=behind_s, behind_extra_s=extra, big_push_s=big_push,
+                       big_push_worker_s=worker_push)
         staggered = raw.get("staggered")
         if staggered:
             one_way = staggered["link_bytes"] / rate
@@ -195,7 +206,7 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         name=backend, stages=stages, pulls_follow_pushes=follows, message_cost_s=_round(cost),
         startup_latency_s=_round(startup), atom_elements=int(atom_elements), duplex=bool(duplex),
         servers=servers if stages == 2 else 0, compute_slowdown=round(slowdown, 4),
-        bandwidth_bytes_per_s=round(rate, 1),
+        bandwidth_bytes_per_s=round(rate, 1), backpressure=bool(pressed),
     )
     return traits, derived
 
@@ -214,6 +225,7 @@ def format_table(traits: EngineTraits, derived: Mapping[str, Any], nominal_bytes
         ("start-up latency", f"{traits.startup_latency_s * 1e3:.3f} ms"),
         ("stages", f"{traits.stages} ({'push then pull' if traits.stages == 2 else 'all-reduce'})"),
         ("pulls follow pushes", "yes" if traits.pulls_follow_pushes else "no"),
+        ("back-pressure", "yes (pushes leave at the server's pace)" if traits.backpressure else "no"),
         ("duplex", ("yes" if traits.duplex else "no") + (" (assumed: unshaped)" if derived.get("duplex_assumed") else "")),
         ("servers", str(traits.servers) if traits.servers else "0 (no servers / as many as workers)"),
         ("compute slowdown", f"{traits.compute_slowdown:.3f}x"),

@@ -90,7 +90,10 @@ class ParameterServerNetwork(_Network):
     A message is striped over the servers (as BytePS spreads keys), so each server link carries
     ``workers / servers`` times what one worker's link carries. Where pulls follow pushes, the pull is
     requested over the worker's uplink once the push is acknowledged, behind every byte queued there
-    by then; without duplex links a worker's push and pull share one link."""
+    by then; without duplex links a worker's push and pull share one link. With ``backpressure`` the
+    worker's queue drains only as the server's ingress takes the pushes (``workers / servers`` of them
+    share it), so that request waits for the server to have every push queued before it: a burst of
+    pushes completes before its first pull starts (docs/ENGINE.md)."""
 
     def __init__(self, workers: int, traits: EngineTraits, conditions: Conditions, latency: float,
                  schedule, now) -> None:
@@ -108,6 +111,8 @@ class ParameterServerNetwork(_Network):
         up.free = up_end = up_start + cost + wire
         server_start = max(up_start, self._server_in.free)
         self._server_in.free = pushed = max(up_end, server_start + cost + self.fan_in * wire)
+        if self.traits.backpressure:  # the worker's queue drains at the pace the server takes it
+            up.free = pushed
         pushed += self.latency
         if self.traits.pulls_follow_pushes:
             self._schedule(pushed, self._request_pull, (task, cost))
