@@ -32,6 +32,16 @@ def test_orders_agree_only_when_the_simulator_ranks_as_measured(bench):
     assert not close["order_agrees"] and close["order_agrees_beyond_noise"]
 
 
+def test_several_rounds_are_read_on_their_median(bench):
+    rows = [{"variant": "fifo", "measured_s": m, "predicted_s": 2.0} for m in (1.8, 2.2)]
+    rows.append({"variant": "prophet", "measured_s": 1.0, "predicted_s": 1.1})
+    errors = bench.per_variant_errors(rows)
+    assert errors["fifo"] == {"rounds": 2, "measured_s": 2.0, "predicted_s": 2.0, "error": 0.0,
+                              "measured_spread": pytest.approx(2.2 / 1.8 - 1, abs=1e-4)}
+    assert errors["prophet"]["error"] == pytest.approx(0.1)
+    assert bench.orders(rows)["measured_order"] == ["prophet", "fifo"]
+
+
 def test_link_args_put_the_engine_in_the_simulators_terms(bench, tmp_path):
     path = tmp_path / "e.json"
     traits = EngineTraits(name="byteps", stages=2, pulls_follow_pushes=True, message_cost_s=0.001,
