@@ -20,6 +20,8 @@ on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate 
 * **duplex**: on a parameter server, a second large op issued 1.25 push times after the first: both
   done after 3.25 one-way transfers on a duplex link, 4 on a half-duplex one. For an all-reduce, the
   measured rate against the shaped one;
+* **duplex efficiency**: on a duplex link, what the same two ops took beyond 3.25 transfers, over the
+  0.75 transfers both directions were busy: each direction's share of its rate while both are;
 * **compute slowdown**: a fixed CPU workload while the engine moves bytes, over the same alone.
 
 "Link bytes" are what the busiest link carries per op in each direction: a ring all-reduce of S bytes
@@ -47,6 +49,9 @@ FOLLOW_SHARE = 0.5  # of the large push's service a small op must wait for to be
 # half-duplex one after 4. (Issued right at the end of the first push, BytePS read 4.0 on a duplex
 # link: the first's pull request queued behind the second's push, as pulls follow pushes.)
 DUPLEX_TRANSFERS = 3.6
+# Of those 3.25, the first's pull and the second's push overlap for 0.75 transfers; a link whose
+# directions run at a share e of their rate while both are busy takes 0.75 (1 / e - 1) longer.
+DUPLEX_IDEAL, STAGGER_OVERLAP = 3.25, 0.75
 DUPLEX_SHARE = 0.6  # all-reduce: measured rate at least this share of the shaped one
 
 
@@ -156,6 +161,7 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         "small_alone_s": small_alone, "small_service_s": small_service,
     }
     follows = pressed = False
+    efficiency = 1.0
     if stages == 2:
         behind = raw["behind"]
         behind_s = _median(behind["flight_s"], "small op before a large one")
@@ -176,6 +182,9 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
             pair = _median(staggered["flight_s"], "two staggered large ops")
             transfers = (pair - startup - 2 * stages * cost) / one_way
             duplex = transfers < DUPLEX_TRANSFERS
+            if duplex:  # the 0.75 transfers both directions were busy took longer by the excess
+                efficiency = 1.0 / (1.0 + max(0.0, transfers - DUPLEX_IDEAL) / STAGGER_OVERLAP)
+                efficiency = min(1.0, max(0.5, efficiency))
             derived.update(staggered_s=pair, staggered_transfers=transfers)
         else:
             duplex = True
@@ -207,6 +216,7 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         startup_latency_s=_round(startup), atom_elements=int(atom_elements), duplex=bool(duplex),
         servers=servers if stages == 2 else 0, compute_slowdown=round(slowdown, 4),
         bandwidth_bytes_per_s=round(rate, 1), backpressure=bool(pressed),
+        duplex_efficiency=round(efficiency, 4),
     )
     return traits, derived
 
@@ -226,6 +236,7 @@ def format_table(traits: EngineTraits, derived: Mapping[str, Any], nominal_bytes
         ("stages", f"{traits.stages} ({'push then pull' if traits.stages == 2 else 'all-reduce'})"),
         ("pulls follow pushes", "yes" if traits.pulls_follow_pushes else "no"),
         ("back-pressure", "yes (pushes leave at the server's pace)" if traits.backpressure else "no"),
+        ("duplex efficiency", f"{traits.duplex_efficiency:.3f} (each direction's share while both are busy)"),
         ("duplex", ("yes" if traits.duplex else "no") + (" (assumed: unshaped)" if derived.get("duplex_assumed") else "")),
         ("servers", str(traits.servers) if traits.servers else "0 (no servers / as many as workers)"),
         ("compute slowdown", f"{traits.compute_slowdown:.3f}x"),

@@ -87,6 +87,23 @@ def test_back_pressure_changes_nothing_for_pushes_alone_or_without_pull_requests
         assert loop.run() == {"op0": pytest.approx(0.004), "op1": pytest.approx(0.006), "op2": pytest.approx(0.008)}
 
 
+def test_duplex_efficiency_slows_a_direction_only_while_the_other_is_busy():
+    """One server, two workers (each 1 MB op: 2 ms through each server direction). a's pull (2-4 ms)
+    and b's push, sent at 2 ms, share the time both directions are busy: at efficiency 0.8 b's push
+    does 1.6 ms of its work by 4 ms, the rest at full rate (4.4 ms), and a's pull, booked first, keeps
+    its time (the model does not look ahead). b's pull then starts on an idle link: 4.4 + 2 ms. An op
+    alone is not slowed."""
+    for e, b_done in ((1.0, 0.006), (0.8, 0.0064)):
+        net, loop = ps(EngineTraits(stages=2, servers=1, duplex_efficiency=e), workers=2)
+        net.send(task("a", 1_000_000))
+        loop.events.append((0.002, lambda t: net.send(t), task("b", 1_000_000)))
+        done = loop.run()
+        assert done["a"] == pytest.approx(0.004) and done["b"] == pytest.approx(b_done)
+    net, loop = ps(EngineTraits(stages=2, servers=1, duplex_efficiency=0.8), workers=2)
+    net.send(task("a", 1_000_000))
+    assert loop.run()["a"] == pytest.approx(0.004)
+
+
 def test_start_up_latency_delays_an_op_on_an_idle_link_only():
     net, loop = ps(EngineTraits(stages=2, startup_latency_s=0.005))
     net.send(task("a", 1_000_000))
@@ -176,6 +193,10 @@ def test_engine_profile_round_trip_and_one_line_errors(tmp_path):
             "backpressure='yes' is invalid; valid: true or false",
         f'{{"schema": "{SCHEMA}", "traits": {{"stages": 1, "backpressure": true}}}}':
             "backpressure=True is invalid; valid: false unless stages is 2",
+        f'{{"schema": "{SCHEMA}", "traits": {{"stages": 2, "duplex_efficiency": 0.2}}}}':
+            r"duplex_efficiency=0.2 is invalid; valid: a number in \[0.5, 1\]",
+        f'{{"schema": "{SCHEMA}", "traits": {{"stages": 2, "duplex_efficiency": "high"}}}}':
+            "duplex_efficiency='high' is invalid",
         "not json": "is not readable JSON",
     }
     for text, message in cases.items():
