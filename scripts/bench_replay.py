@@ -158,7 +158,34 @@ def link_args(engine_file: Path, bandwidth: str, with_engine: bool, arch: str, w
     return args + ["--overhead", f"{overhead * 1e6:.0f}us", "--latency", f"{latency * 1e6:.0f}us"]
 
 
-def replay(names: list[str], iterations: int) -> dict:
+def overridden_engine(engine_file: Path, overrides: dict, folder: Path) -> Path:
+    """A copy of ``engine_file`` in ``folder`` with ``overrides`` set in its traits (checked on load)."""
+    from byteps_prophet.core.engine import EngineTraits
+
+    doc = json.loads(engine_file.read_text())
+    doc["traits"] = {**doc["traits"], **overrides}
+    EngineTraits.from_dict(doc["traits"], f"--override on {engine_file.name}")  # one line if invalid
+    out = folder / engine_file.name
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def parse_overrides(text: str) -> dict:
+    """``name=value,...`` (values as JSON: true, 1, 0.9) -> {name: value}; one line on a malformed one."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = json.loads(value.strip())
+        except ValueError:
+            raise ValueError(f"--override {item!r} is malformed; valid: name=value,... with JSON values "
+                             f"(backpressure=false,duplex_efficiency=1)") from None
+    return out
+
+
+def replay(names: list[str], iterations: int, overrides: dict | None = None) -> dict:
     with_engine = simulator_has_engine()
     log(f"simulator {'takes --engine' if with_engine else 'has no --engine yet: --bandwidth/--overhead/--latency'}")
     results = {"commit": git_commit(), "simulator_engine_option": with_engine, "iterations": iterations,
@@ -172,6 +199,8 @@ def replay(names: list[str], iterations: int) -> dict:
             log(f"{name}: skipped, {measured_file if not measured_file.is_file() else engine_file} is missing")
             continue
         measured = json.loads(measured_file.read_text())
+        if overrides:  # what-if: the same recordings under the engine with some traits changed
+            engine_file = overridden_engine(engine_file, overrides, Path(tempfile.mkdtemp(prefix="bpp-override-")))
         link = link_args(engine_file, cfg["bandwidth"], with_engine, cfg["arch"])
         arch = ["--arch", "ps", "--servers", "1"] if cfg["arch"] == "ps" else ["--arch", "allreduce"]
         rows = []
@@ -267,6 +296,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="A/B rounds per configuration when recording (default 1)")
     p.add_argument("--iterations", type=int, default=20, help="simulated iterations (default 20)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
+    p.add_argument("--override", default="", metavar="TRAIT=VALUE,...",
+                   help="replay under the engine files with these traits changed (e.g. backpressure=false,"
+                        "duplex_efficiency=1: the model before them); needs --replay-only, writes no results.json")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     bad = [n for n in names if n not in CONFIGS]
@@ -278,6 +310,16 @@ def main(argv=None) -> int:
         print("bench_replay: --rounds and --iterations must be >= 1", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT))
+    from byteps_prophet.errors import ConfigError
+
+    try:
+        overrides = parse_overrides(args.override)
+    except ValueError as err:
+        print(f"bench_replay: {err}", file=sys.stderr)
+        return 2
+    if overrides and not args.replay_only:
+        print("bench_replay: --override needs --replay-only (it changes the model, not the recordings)", file=sys.stderr)
+        return 2
     OUT.mkdir(parents=True, exist_ok=True)
     if not args.replay_only:
         if shutil.which("flock") is None:
@@ -291,8 +333,15 @@ def main(argv=None) -> int:
         if not args.no_calibrate:
             for engine in dict.fromkeys(CONFIGS[n]["engine"] for n in names):
                 calibrate(engine)
-    results = replay(names, args.iterations)
-    if not args.replay_only or args.configs == ",".join(CONFIGS):
+    try:
+        results = replay(names, args.iterations, overrides)
+    except ConfigError as err:
+        print(f"bench_replay: {err}", file=sys.stderr)
+        return 2
+    results["overrides"] = overrides
+    if overrides:
+        pass  # a what-if: docs/replay/results.json keeps the engine files' own replay
+    elif not args.replay_only or args.configs == ",".join(CONFIGS):
         (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1) if args.json else table(results) + "\n\n" + variant_table(results))
     return 0

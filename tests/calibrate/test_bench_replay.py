@@ -42,6 +42,22 @@ def test_several_rounds_are_read_on_their_median(bench):
     assert bench.orders(rows)["measured_order"] == ["prophet", "fifo"]
 
 
+def test_overrides_change_a_copy_of_the_engine_and_refuse_bad_values(bench, tmp_path):
+    assert bench.parse_overrides("backpressure=false, duplex_efficiency=1") == {"backpressure": False,
+                                                                                "duplex_efficiency": 1}
+    with pytest.raises(ValueError, match="'backpressure' is malformed"):
+        bench.parse_overrides("backpressure")
+    path = tmp_path / "engine_byteps.json"
+    save_engine(str(path), EngineTraits(name="byteps", stages=2, pulls_follow_pushes=True, backpressure=True))
+    (tmp_path / "copy").mkdir()
+    copy = bench.overridden_engine(path, {"backpressure": False}, tmp_path / "copy")
+    assert json.loads(copy.read_text())["traits"]["backpressure"] is False
+    assert json.loads(path.read_text())["traits"]["backpressure"] is True  # the engine file is untouched
+    from byteps_prophet.errors import ConfigError
+    with pytest.raises(ConfigError, match="duplex_efficiency=0.1 is invalid"):
+        bench.overridden_engine(path, {"duplex_efficiency": 0.1}, tmp_path / "copy")
+
+
 def test_link_args_put_the_engine_in_the_simulators_terms(bench, tmp_path):
     path = tmp_path / "e.json"
     traits = EngineTraits(name="byteps", stages=2, pulls_follow_pushes=True, message_cost_s=0.001,
