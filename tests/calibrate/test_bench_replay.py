@@ -86,7 +86,7 @@ def test_the_gloo_replay_stays_within_8_percent_of_the_measured_steps(bench):
 @pytest.mark.slow
 def test_the_byteps_vgg_replay_orders_the_variants_and_holds_fifo_and_the_credit(bench):
     """The committed torch/BytePS vgg recording (2 rounds) with the calibrated BytePS engine: ordered as
-    measured, FIFO and ByteScheduler within 8% on their medians (+1.4% and -3.0% at 0867c26). Without
+    measured, FIFO and ByteScheduler within 8% on their medians (-1.4% and -5.7% with the engine of feea2ab). Without
     back-pressure they replayed 24% and 17% fast (the pull requests left once the worker's own link
     was through with its pushes). Prophet is still 12% fast (docs/ENGINE.md)."""
     results = bench.replay(["torch_byteps_vgg_200m"], iterations=20)
