@@ -186,6 +186,12 @@ def parse_overrides(text: str) -> dict:
 
 
 def replay(names: list[str], iterations: int, overrides: dict | None = None) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bpp-override-") as folder:  # the what-if engine copies
+        scratch = type("Scratch", (), {"name": folder})
+        return _replay(names, iterations, overrides, scratch)
+
+
+def _replay(names: list[str], iterations: int, overrides: dict | None, scratch) -> dict:
     with_engine = simulator_has_engine()
     log(f"simulator {'takes --engine' if with_engine else 'has no --engine yet: --bandwidth/--overhead/--latency'}")
     results = {"commit": git_commit(), "simulator_engine_option": with_engine, "iterations": iterations,
@@ -200,7 +206,7 @@ def replay(names: list[str], iterations: int, overrides: dict | None = None) -> 
             continue
         measured = json.loads(measured_file.read_text())
         if overrides:  # what-if: the same recordings under the engine with some traits changed
-            engine_file = overridden_engine(engine_file, overrides, Path(tempfile.mkdtemp(prefix="bpp-override-")))
+            engine_file = overridden_engine(engine_file, overrides, Path(scratch.name))
         link = link_args(engine_file, cfg["bandwidth"], with_engine, cfg["arch"])
         arch = ["--arch", "ps", "--servers", "1"] if cfg["arch"] == "ps" else ["--arch", "allreduce"]
         rows = []
