@@ -21,7 +21,7 @@ def register(subparsers) -> None:
                     "the real engine on every worker (back-to-back ops of several sizes, ops alone, a small "
                     "op before a large one, compute while bytes move), and write the engine profile "
                     "(`simulate --engine FILE`). About a minute. See docs/ENGINE.md.")
-    p.add_argument("--backend", required=True, metavar="BACKEND",
+    p.add_argument("--backend", default=None, metavar="BACKEND",
                    help="byteps (torch BytePS push_pull), kvstore (MXNet dist_sync) or gloo (torch.distributed)")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="worker hosts (default 2)")
     p.add_argument("--servers", type=int, default=1, metavar="S",
@@ -32,6 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the engine profile as JSON instead of the table")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="stop the probe after SEC seconds")
     p.add_argument("--no-netns", action="store_true", help="plain loopback (no shaping)")
+    p.add_argument("--refit", default=None, metavar="FILE",
+                   help="no cluster: fit the traits again from the raw timings an engine profile keeps "
+                        "(measured.raw), with this version's rules; written to --out (default: FILE itself)")
     p.set_defaults(func=run)
 
 
@@ -106,10 +109,44 @@ def measure(backend: str, *, workers: int, servers: int, bandwidth: str, nominal
     return raw, setup
 
 
+def refit(args) -> int:
+    """``--refit FILE``: the traits again from the profile's own raw timings (no cluster)."""
+    from byteps_prophet.calibrate.fit import format_table, traits_from
+    from byteps_prophet.core.engine import ConfigError, engine_document, load_engine, save_engine
+
+    path = args.refit
+    load_engine(path)  # one line on a missing or malformed file
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    measured = doc.get("measured") if isinstance(doc.get("measured"), dict) else {}
+    raw = measured.get("raw")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--refit {path!r}: the profile keeps no raw timings (measured.raw); valid: a "
+                          f"profile written by `byteps-prophet calibrate`")
+    if args.backend and args.backend.strip().lower() != raw.get("backend"):
+        raise UserError(f"--backend {args.backend!r} does not match the profile's {raw.get('backend')!r}; "
+                        f"valid: {raw.get('backend')!r} or no --backend")
+    nominal = (measured.get("setup") or {}).get("nominal_bytes_per_s")
+    traits, derived = traits_from(raw, nominal_bytes_per_s=nominal)
+    kept = {k: v for k, v in measured.items() if k not in ("derived", "raw")}
+    out = args.out or path
+    save_engine(out, traits, {**kept, "derived": derived, "raw": raw})
+    if args.json:
+        print(json.dumps(engine_document(traits, {**kept, "derived": derived, "raw": raw})))
+    else:
+        print(format_table(traits, derived, nominal))
+        print(f"engine profile: {out} (re-fitted from {path})")
+    return 0
+
+
 def run(args) -> int:
     from byteps_prophet.calibrate.fit import format_table, traits_from
     from byteps_prophet.core.engine import engine_document, save_engine
 
+    if args.refit:
+        return refit(args)
+    if not args.backend:
+        raise UserError(f"--backend is required; valid: {', '.join(BACKENDS)} (or --refit FILE)")
     backend, nominal = _check(args)
     raw, setup = measure(backend, workers=args.workers, servers=args.servers, bandwidth=args.bandwidth,
                          nominal=nominal, timeout=args.timeout, netns=False if args.no_netns else None)

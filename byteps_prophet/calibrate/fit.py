@@ -13,9 +13,15 @@ on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate 
   intercept of the same least-squares line through them is the cost;
 * **pulls follow pushes** (parameter servers): a small op sent just before a large one, against the
   same op alone: it finishing only after most of the large push means its pull queued behind it;
+* **back-pressure** (the same two ops, with more workers than servers): the small op waiting longer
+  than halfway from the large push at the worker's own pace (its link alone) to the same push at the
+  server's (its ingress shared by every worker's push) means the worker's queue drained only as the
+  server took it;
 * **duplex**: on a parameter server, a second large op issued 1.25 push times after the first: both
   done after 3.25 one-way transfers on a duplex link, 4 on a half-duplex one. For an all-reduce, the
   measured rate against the shaped one;
+* **duplex efficiency**: on a duplex link, what the same two ops took beyond 3.25 transfers, over the
+  0.75 transfers both directions were busy: each direction's share of its rate while both are;
 * **compute slowdown**: a fixed CPU workload while the engine moves bytes, over the same alone.
 
 "Link bytes" are what the busiest link carries per op in each direction: a ring all-reduce of S bytes
@@ -43,6 +49,9 @@ FOLLOW_SHARE = 0.5  # of the large push's service a small op must wait for to be
 # half-duplex one after 4. (Issued right at the end of the first push, BytePS read 4.0 on a duplex
 # link: the first's pull request queued behind the second's push, as pulls follow pushes.)
 DUPLEX_TRANSFERS = 3.6
+# Of those 3.25, the first's pull and the second's push overlap for 0.75 transfers; a link whose
+# directions run at a share e of their rate while both are busy takes 0.75 (1 / e - 1) longer.
+DUPLEX_IDEAL, STAGGER_OVERLAP = 3.25, 0.75
 DUPLEX_SHARE = 0.6  # all-reduce: measured rate at least this share of the shaped one
 
 
@@ -151,20 +160,31 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         "back_to_back_bytes_per_s": stream_rate, "alone_intercept_s": intercept,
         "small_alone_s": small_alone, "small_service_s": small_service,
     }
-    follows = False
+    follows = pressed = False
+    efficiency = 1.0
     if stages == 2:
         behind = raw["behind"]
         behind_s = _median(behind["flight_s"], "small op before a large one")
         big_push = cost + behind["big_link_bytes"] / rate
         extra = behind_s - small_alone
         follows = extra > FOLLOW_SHARE * big_push
-        derived.update(behind_s=behind_s, behind_extra_s=extra, big_push_s=big_push)
+        # The large push at the worker's own pace (its link alone) and at the server's (its ingress
+        # shared by the pushes of ``link_factor`` workers): a small op's pull request queued behind
+        # it waits for the slower one where the worker's queue drains only as the server takes it.
+        factor = float(raw.get("link_factor") or link_factor(backend, workers, servers))
+        worker_push = cost + behind["big_link_bytes"] / factor / rate
+        pressed = follows and factor > 1 and extra > (worker_push + big_push) / 2
+        derived.update(behind_s=behind_s, behind_extra_s=extra, big_push_s=big_push,
+                       big_push_worker_s=worker_push)
         staggered = raw.get("staggered")
         if staggered:
             one_way = staggered["link_bytes"] / rate
             pair = _median(staggered["flight_s"], "two staggered large ops")
             transfers = (pair - startup - 2 * stages * cost) / one_way
             duplex = transfers < DUPLEX_TRANSFERS
+            if duplex:  # the 0.75 transfers both directions were busy took longer by the excess
+                efficiency = 1.0 / (1.0 + max(0.0, transfers - DUPLEX_IDEAL) / STAGGER_OVERLAP)
+                efficiency = min(1.0, max(0.5, efficiency))
             derived.update(staggered_s=pair, staggered_transfers=transfers)
         else:
             duplex = True
@@ -195,7 +215,8 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         name=backend, stages=stages, pulls_follow_pushes=follows, message_cost_s=_round(cost),
         startup_latency_s=_round(startup), atom_elements=int(atom_elements), duplex=bool(duplex),
         servers=servers if stages == 2 else 0, compute_slowdown=round(slowdown, 4),
-        bandwidth_bytes_per_s=round(rate, 1),
+        bandwidth_bytes_per_s=round(rate, 1), backpressure=bool(pressed),
+        duplex_efficiency=round(efficiency, 4),
     )
     return traits, derived
 
@@ -214,6 +235,8 @@ def format_table(traits: EngineTraits, derived: Mapping[str, Any], nominal_bytes
         ("start-up latency", f"{traits.startup_latency_s * 1e3:.3f} ms"),
         ("stages", f"{traits.stages} ({'push then pull' if traits.stages == 2 else 'all-reduce'})"),
         ("pulls follow pushes", "yes" if traits.pulls_follow_pushes else "no"),
+        ("back-pressure", "yes (pushes leave at the server's pace)" if traits.backpressure else "no"),
+        ("duplex efficiency", f"{traits.duplex_efficiency:.3f} (each direction's share while both are busy)"),
         ("duplex", ("yes" if traits.duplex else "no") + (" (assumed: unshaped)" if derived.get("duplex_assumed") else "")),
         ("servers", str(traits.servers) if traits.servers else "0 (no servers / as many as workers)"),
         ("compute slowdown", f"{traits.compute_slowdown:.3f}x"),

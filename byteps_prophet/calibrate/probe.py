@@ -37,6 +37,9 @@ GROUP_S = 0.4  # seconds of link time a group aims at
 MIN_GROUP, MAX_GROUP = 6, 10
 REPS = 2
 ALONE_REPS, BIG_ALONE_REPS, BEHIND_REPS = 6, 3, 3
+# The staggered pair decides duplex and its efficiency, a 2% effect: with 3 repetitions BytePS's pair
+# spread over 10% (0.52-0.58 s) and two calibrations read 3.31 and 3.18 transfers; 9 take ~4 s more.
+STAGGER_REPS = 9
 PAUSE_S = 0.05  # idle time before an op that must find the link idle
 STAGGER = 1.25  # the second large op of ``staggered``, in push times after the first
 COMPUTE_UNIT_S = 0.02
@@ -267,7 +270,7 @@ class Probe:
         big_s = sorted(alone["big"]["flight_s"])[len(alone["big"]["flight_s"]) // 2]
         delay = STAGGER * max(0.0, (big_s - small_s) / 2)
         flights = []
-        for _ in range(BIG_ALONE_REPS):
+        for _ in range(STAGGER_REPS):
             self.e.barrier()
             time.sleep(PAUSE_S)
             t = self.now()

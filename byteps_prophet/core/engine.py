@@ -11,10 +11,12 @@ Engine profile, version 1::
     {"schema": "byteps-prophet/engine/1",
      "traits": {"name": "byteps", "stages": 2, "pulls_follow_pushes": true, "message_cost_s": 0.0004,
                 "startup_latency_s": 0.006, "atom_elements": 250000, "duplex": true, "servers": 1,
-                "compute_slowdown": 1.1, "bandwidth_bytes_per_s": 23000000.0},
+                "compute_slowdown": 1.1, "bandwidth_bytes_per_s": 23000000.0, "backpressure": true,
+                "duplex_efficiency": 0.93},
      "measured": {...}}   # optional: the calibration's raw samples and setup, kept for the record
 
-Unknown keys in ``traits`` are an error (a typo would silently keep a default).
+Unknown keys in ``traits`` are an error (a typo would silently keep a default). A trait added later
+(``backpressure``, ``duplex_efficiency``) takes its default when a file lacks it, so older profiles stay loadable.
 """
 from __future__ import annotations
 
@@ -63,6 +65,14 @@ class EngineTraits:
     compute_slowdown: float = 1.0
     # The link's rate as measured by calibration (0: not measured; take the cluster's nominal rate).
     bandwidth_bytes_per_s: float = 0.0
+    # A worker's pushes leave its queue only as fast as the server's ingress, shared by the workers it
+    # serves, takes them (TCP back-pressure through one connection), so a pull request queued behind
+    # them waits until the server has them all, not until the worker's own link is through with them.
+    backpressure: bool = False
+    # Each direction of a server's link runs at this share of its rate while the other direction is
+    # busy too (the acknowledgements of one direction's TCP stream travel in the other, the engine's
+    # threads serve both); 1: both directions at full rate at once. Only where ``duplex``.
+    duplex_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         _check(self.stages in (1, 2), "stages", self.stages, "1 (all-reduce) or 2 (push then pull)")
@@ -79,6 +89,12 @@ class EngineTraits:
         _check(isinstance(self.compute_slowdown, (int, float)) and 1 <= self.compute_slowdown < 10,
                "compute_slowdown", self.compute_slowdown, "a number in [1, 10)")
         _check(isinstance(self.duplex, bool), "duplex", self.duplex, "true or false")
+        _check(isinstance(self.backpressure, bool), "backpressure", self.backpressure, "true or false")
+        _check(isinstance(self.duplex_efficiency, (int, float)) and not isinstance(self.duplex_efficiency, bool)
+               and 0.5 <= self.duplex_efficiency <= 1, "duplex_efficiency", self.duplex_efficiency,
+               "a number in [0.5, 1] (1 = both directions at full rate at once)")
+        _check(not (self.backpressure and self.stages != 2), "backpressure", self.backpressure,
+               "false unless stages is 2")
 
     @property
     def is_parameter_server(self) -> bool:

@@ -90,7 +90,11 @@ class ParameterServerNetwork(_Network):
     A message is striped over the servers (as BytePS spreads keys), so each server link carries
     ``workers / servers`` times what one worker's link carries. Where pulls follow pushes, the pull is
     requested over the worker's uplink once the push is acknowledged, behind every byte queued there
-    by then; without duplex links a worker's push and pull share one link."""
+    by then; without duplex links a worker's push and pull share one link. With ``backpressure`` the
+    worker's queue drains only as the server's ingress takes the pushes (``workers / servers`` of them
+    share it), so that request waits for the server to have every push queued before it: a burst of
+    pushes completes before its first pull starts (docs/ENGINE.md). A server link's direction runs at
+    ``duplex_efficiency`` of its rate while the other direction is busy too."""
 
     def __init__(self, workers: int, traits: EngineTraits, conditions: Conditions, latency: float,
                  schedule, now) -> None:
@@ -107,7 +111,10 @@ class ParameterServerNetwork(_Network):
         wire = nbytes / self.conditions.bandwidth(up_start)
         up.free = up_end = up_start + cost + wire
         server_start = max(up_start, self._server_in.free)
-        self._server_in.free = pushed = max(up_end, server_start + cost + self.fan_in * wire)
+        ingress = self._stretched(server_start + cost, self.fan_in * wire, self._server_out.free)
+        self._server_in.free = pushed = max(up_end, server_start + cost + ingress)
+        if self.traits.backpressure:  # the worker's queue drains at the pace the server takes it
+            up.free = pushed
         pushed += self.latency
         if self.traits.pulls_follow_pushes:
             self._schedule(pushed, self._request_pull, (task, cost))
@@ -124,11 +131,22 @@ class ParameterServerNetwork(_Network):
         nbytes = task.nbytes
         egress_start = max(ready, self._server_out.free)
         egress_wire = nbytes / self.conditions.bandwidth(egress_start)
-        self._server_out.free = egress_end = egress_start + cost + self.fan_in * egress_wire
+        egress = self._stretched(egress_start + cost, self.fan_in * egress_wire, self._server_in.free)
+        self._server_out.free = egress_end = egress_start + cost + egress
         down = self._down
         down_start = max(ready, down.free)
         down.free = pulled = max(egress_end, down_start + cost + egress_wire)
         self._done_at(pulled + self.latency, task)
+
+    def _stretched(self, start: float, work: float, other_busy_until: float) -> float:
+        """Seconds a server link needs for ``work`` seconds of its undivided rate from ``start``, the
+        other direction busy until ``other_busy_until``: at ``duplex_efficiency`` of its rate while both
+        are, at its full rate after (what the other direction books later is not looked ahead at)."""
+        e = self.traits.duplex_efficiency
+        if e >= 1 or other_busy_until <= start:
+            return work
+        both = other_busy_until - start
+        return work / e if work <= e * both else both + (work - e * both)
 
     def sync_time(self, nbytes: int, bandwidth: float) -> float:
         """Least time to push and pull ``nbytes`` on an idle network, however finely it is cut: at

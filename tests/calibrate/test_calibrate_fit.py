@@ -25,7 +25,8 @@ def group(link_bytes, count, *, pairs=False, start=0.0, shared=1):
     return {"link_bytes": link_bytes, "tensor_bytes": link_bytes / 2, "issued": issued, "done": done}
 
 
-def raw_output(backend="byteps", *, follows=True, duplex=True, slowdown=1.25, pairs=False):
+def raw_output(backend="byteps", *, follows=True, duplex=True, slowdown=1.25, pairs=False, backpressure=True,
+               transfers=3.25):
     stages = 1 if backend == "gloo" else 2
     sizes = [32_768, 131_072, 524_288, 2_097_152, 4_194_304]
     stream = [group(x, 6, pairs=pairs, start=10.0 * k, shared=1 if duplex else 2) for k, x in enumerate(sizes * 2)]
@@ -36,10 +37,12 @@ def raw_output(backend="byteps", *, follows=True, duplex=True, slowdown=1.25, pa
            "alone": {"small": alone(sizes[0], 6), "mid": alone(sizes[-2], 3), "big": alone(sizes[-1], 3)},
            "compute": {"alone_s": [0.020, 0.021, 0.019], "busy_s": [0.020 * slowdown] * 5}}
     if stages == 2:  # the second large op's push overlaps the first's pull on a duplex link
-        pair = LATENCY + 2 * stages * COST + (3.25 if duplex else 4) * sizes[-1] / RATE
+        pair = LATENCY + 2 * stages * COST + (transfers if duplex else 4) * sizes[-1] / RATE
         out["staggered"] = {"link_bytes": sizes[-1], "flight_s": [pair] * 3}
     if stages == 2:
-        wait = one(sizes[-1]) if follows else 0.0
+        # the large push at the server's pace (its link carries both workers' pushes: link bytes), or,
+        # without back-pressure, at the worker's own (half of them)
+        wait = (one(sizes[-1]) if backpressure else one(sizes[-1] / 2)) if follows else 0.0
         out["behind"] = {"big_link_bytes": sizes[-1], "flight_s": [small_alone + wait] * 3}
     return out
 
@@ -85,6 +88,54 @@ def test_traits_of_a_parameter_server_whose_pulls_follow_pushes():
     assert traits.compute_slowdown == pytest.approx(1.25, rel=1e-3)
     assert traits.servers == 1 and traits.atom_elements == 250_000
     assert derived["staggered_transfers"] == pytest.approx(3.25, rel=1e-3)
+
+
+def test_back_pressure_is_a_wait_for_the_server_not_for_the_worker_link():
+    """The small op's pull request behind the large push: at the server's pace (both workers' pushes
+    through its ingress) it is back-pressure; at the worker's own pace, not; the other traits agree."""
+    pressed, derived = traits_from(raw_output("byteps"), nominal_bytes_per_s=RATE)
+    assert pressed.backpressure and pressed.pulls_follow_pushes
+    assert derived["big_push_worker_s"] == pytest.approx(COST + (derived["big_push_s"] - COST) / 2, rel=1e-6)
+    free, _ = traits_from(raw_output("byteps", backpressure=False), nominal_bytes_per_s=RATE)
+    assert not free.backpressure and free.pulls_follow_pushes
+    assert free.replace(backpressure=True) == pressed
+    one_server_each = dict(raw_output("byteps"), servers=2)  # no shared ingress: nothing to tell
+    assert not traits_from(one_server_each, nominal_bytes_per_s=RATE)[0].backpressure
+    assert not traits_from(raw_output("kvstore", follows=False), nominal_bytes_per_s=RATE)[0].backpressure
+
+
+def test_duplex_efficiency_is_what_the_overlap_cost_beyond_3_25_transfers():
+    """Two staggered large ops done after 3.25 transfers: both directions ran at full rate at once;
+    after 3.31 (BytePS at 200 Mbit/s), the 0.75 transfers of overlap took 8% longer: 0.926; a
+    half-duplex link (4 transfers) has no efficiency to speak of (1)."""
+    assert traits_from(raw_output("byteps"), nominal_bytes_per_s=RATE)[0].duplex_efficiency == 1.0
+    slowed, derived = traits_from(raw_output("byteps", transfers=3.31), nominal_bytes_per_s=RATE)
+    assert slowed.duplex and slowed.duplex_efficiency == pytest.approx(1 / (1 + 0.06 / 0.75), abs=1e-4)
+    half = traits_from(raw_output("byteps", duplex=False), nominal_bytes_per_s=RATE)[0]
+    assert not half.duplex and half.duplex_efficiency == 1.0
+
+
+def test_refit_writes_the_traits_again_from_the_raw_timings(tmp_path):
+    """`calibrate --refit`: an engine profile from before a trait existed gets it from its own raw
+    timings, the other traits unchanged; a profile without raw timings is one line, exit 2."""
+    traits, derived = traits_from(raw_output("byteps"), nominal_bytes_per_s=RATE)
+    old = tmp_path / "old.json"
+    doc = {"schema": SCHEMA, "traits": {k: v for k, v in traits.to_dict().items()
+                                        if k not in ("backpressure", "duplex_efficiency")},
+           "measured": {"setup": {"nominal_bytes_per_s": RATE}, "raw": raw_output("byteps"), "commit": "abc"}}
+    old.write_text(json.dumps(doc))
+    assert not load_engine(str(old)).backpressure  # an older file loads: the trait's default
+    new = tmp_path / "new.json"
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "calibrate", "--refit", str(old), "--out",
+                           str(new), "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert load_engine(str(new)) == traits and json.loads(new.read_text())["measured"]["commit"] == "abc"
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"schema": SCHEMA, "traits": {}}))
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "calibrate", "--refit", str(bare)],
+                          capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "measured.raw" in lines[0], proc.stderr
 
 
 def test_pulls_that_do_not_wait_and_a_half_duplex_link_are_told_apart():

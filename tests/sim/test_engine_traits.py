@@ -61,6 +61,49 @@ def test_pull_requests_wait_behind_pushes_queued_before_them():
         assert done["small"] == pytest.approx(expected, rel=1e-6)
 
 
+def test_back_pressure_holds_pull_requests_until_the_server_has_the_pushes():
+    """Two workers on one server: each worker's 1 MB push takes 1 ms on its own link but 2 ms through
+    the server's ingress, which both workers' pushes share. Six pushes at once: without back-pressure
+    the worker's link is through with them after 6 ms and the first pull request goes then (first op
+    done at 6 + 2 ms of pull through the server's egress); with it, the worker's queue drains only as
+    the server takes the pushes, so the first request waits for all 12 ms of them, as the calibrated
+    engines' bursts show (docs/ENGINE.md). The pushes finish at the same times either way."""
+    firsts, lasts = {}, {}
+    for pressed in (False, True):
+        net, loop = ps(EngineTraits(stages=2, pulls_follow_pushes=True, backpressure=pressed, servers=1), workers=2)
+        for i in range(6):
+            net.send(task(f"op{i}", 1_000_000))
+        done = loop.run()
+        firsts[pressed], lasts[pressed] = done["op0"], max(done.values())
+    assert firsts[False] == pytest.approx(0.008) and lasts[False] == pytest.approx(0.018)
+    assert firsts[True] == pytest.approx(0.014) and lasts[True] == pytest.approx(0.024)
+
+
+def test_back_pressure_changes_nothing_for_pushes_alone_or_without_pull_requests():
+    for traits in (EngineTraits(stages=2, backpressure=True, servers=1), EngineTraits(stages=2, servers=1)):
+        net, loop = ps(traits, workers=2)  # pulls do not follow pushes: nothing queues behind them
+        for i in range(3):
+            net.send(task(f"op{i}", 1_000_000))
+        assert loop.run() == {"op0": pytest.approx(0.004), "op1": pytest.approx(0.006), "op2": pytest.approx(0.008)}
+
+
+def test_duplex_efficiency_slows_a_direction_only_while_the_other_is_busy():
+    """One server, two workers (each 1 MB op: 2 ms through each server direction). a's pull (2-4 ms)
+    and b's push, sent at 2 ms, share the time both directions are busy: at efficiency 0.8 b's push
+    does 1.6 ms of its work by 4 ms, the rest at full rate (4.4 ms), and a's pull, booked first, keeps
+    its time (the model does not look ahead). b's pull then starts on an idle link: 4.4 + 2 ms. An op
+    alone is not slowed."""
+    for e, b_done in ((1.0, 0.006), (0.8, 0.0064)):
+        net, loop = ps(EngineTraits(stages=2, servers=1, duplex_efficiency=e), workers=2)
+        net.send(task("a", 1_000_000))
+        loop.events.append((0.002, lambda t: net.send(t), task("b", 1_000_000)))
+        done = loop.run()
+        assert done["a"] == pytest.approx(0.004) and done["b"] == pytest.approx(b_done)
+    net, loop = ps(EngineTraits(stages=2, servers=1, duplex_efficiency=0.8), workers=2)
+    net.send(task("a", 1_000_000))
+    assert loop.run()["a"] == pytest.approx(0.004)
+
+
 def test_start_up_latency_delays_an_op_on_an_idle_link_only():
     net, loop = ps(EngineTraits(stages=2, startup_latency_s=0.005))
     net.send(task("a", 1_000_000))
@@ -146,6 +189,14 @@ def test_engine_profile_round_trip_and_one_line_errors(tmp_path):
         f'{{"schema": "{SCHEMA}", "traits": {{"stage": 2}}}}': "unknown trait 'stage'; valid:",
         f'{{"schema": "{SCHEMA}", "traits": {{"stages": 3}}}}': "stages=3 is invalid; valid: 1",
         f'{{"schema": "{SCHEMA}", "traits": {{"message_cost_s": -1}}}}': "message_cost_s=-1 is invalid",
+        f'{{"schema": "{SCHEMA}", "traits": {{"stages": 2, "backpressure": "yes"}}}}':
+            "backpressure='yes' is invalid; valid: true or false",
+        f'{{"schema": "{SCHEMA}", "traits": {{"stages": 1, "backpressure": true}}}}':
+            "backpressure=True is invalid; valid: false unless stages is 2",
+        f'{{"schema": "{SCHEMA}", "traits": {{"stages": 2, "duplex_efficiency": 0.2}}}}':
+            r"duplex_efficiency=0.2 is invalid; valid: a number in \[0.5, 1\]",
+        f'{{"schema": "{SCHEMA}", "traits": {{"stages": 2, "duplex_efficiency": "high"}}}}':
+            "duplex_efficiency='high' is invalid",
         "not json": "is not readable JSON",
     }
     for text, message in cases.items():
