@@ -51,8 +51,8 @@ def cell(layers, cluster, iterations: int) -> dict:
     warmup = min(10, iterations // 3)
     times = {}
     for name in ("fifo", "prophet"):
-        times[name] = Simulation(layers, cluster, Settings(scheduler=name), iterations, warmup).run().iter_s
-    times["prophet_partition_16m"] = Simulation(layers, cluster, Settings(scheduler="prophet", partition=LARGE_PARTITION),
+        times[name] = Simulation(layers, cluster, Settings(scheduler=name, fuse=name == "prophet"), iterations, warmup).run().iter_s
+    times["prophet_partition_16m"] = Simulation(layers, cluster, Settings(scheduler="prophet", partition=LARGE_PARTITION, fuse=True),
                                                 iterations, warmup).run().iter_s
     result = simulate_baseline("ddp", layers, cluster, iterations, warmup)
     times["ddp"] = result.iter_s
@@ -78,7 +78,7 @@ def cell(layers, cluster, iterations: int) -> dict:
 
 
 def _messages_per_iteration(layers, cluster, iterations, warmup) -> float:
-    result = Simulation(layers, cluster, Settings(scheduler="prophet"), iterations, warmup).run()
+    result = Simulation(layers, cluster, Settings(scheduler="prophet", fuse=True), iterations, warmup).run()
     steady = [iteration for iteration in result.messages if iteration >= warmup]  # collectives, fused once
     return len(steady) / max(1, iterations - warmup)
 

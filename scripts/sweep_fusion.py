@@ -38,7 +38,7 @@ def sweep(baselines: dict, floor: float, iterations: int = 30, warmup: int = 10)
             spec = get_model(model)
             layers_of[model] = layers_from(spec, compute_times(spec, spec.default_batch))
         cluster = ClusterSpec(workers=workers, arch="allreduce", bandwidth=gbit * GBIT)
-        result = Simulation(layers_of[model], cluster, Settings(scheduler="prophet"), iterations, warmup).run()
+        result = Simulation(layers_of[model], cluster, Settings(scheduler="prophet", fuse=True), iterations, warmup).run()
         ratio = result.iter_s * 1e3 / min(row[col["ddp_best_ms"]], row[col["horovod_ms"]])
         ratios.append(ratio)
         if ratio > 1.01:
@@ -65,7 +65,7 @@ def scale(path: str = "docs/bench_sim_results.json") -> dict:
         layers = layers_from(spec, compute_times(spec, spec.default_batch))
         changes = {"servers": workers if arch == "ps" else None, **SCALE_CASES[case](workers)}
         cluster = ClusterSpec(workers=workers, arch=arch, bandwidth=gbit * GBIT, engine=engines[arch], **changes)
-        now = Simulation(layers, cluster, Settings(scheduler="prophet"), iterations, warmup).run().iter_s * 1e3
+        now = Simulation(layers, cluster, Settings(scheduler="prophet", fuse=True), iterations, warmup).run().iter_s * 1e3
         entry = out.setdefault(arch, {"cells": 0, "changed": 0, "now_vs_before": [], "now_vs_best_credit": [],
                                       "now_vs_default_credit": []})
         entry["cells"] += 1
@@ -92,7 +92,7 @@ def ideal(path: str = "docs/bench_sim_results.json") -> dict:
         spec = get_model(model)
         layers = layers_from(spec, compute_times(spec, spec.default_batch))
         cluster = ClusterSpec(workers=workers, arch=arch, bandwidth=gbit * GBIT)
-        now = Simulation(layers, cluster, Settings(scheduler="prophet"), iterations, warmup).run().iter_s * 1e3
+        now = Simulation(layers, cluster, Settings(scheduler="prophet", fuse=True), iterations, warmup).run().iter_s * 1e3
         entry = out.setdefault(arch, {"cells": 0, "changed": 0, "within_1pct_of_best_credit": 0, "ratios": [],
                                       "vs_before": []})
         ratio = now / row[col["bytescheduler_best_ms"]]

@@ -52,9 +52,10 @@ class Prophet(ByteScheduler):
         self.prediction = StepPrediction()
         self.link = LinkModel(self._serializations + self._pulls_follow_pushes, traits.is_parameter_server)
         self._flight_depth = len(self.link.stage_free) * self._chunk_cap  # DESIGN.md, "Flight window"
-        # Where a message costs a collective (all-reduce) and the transport carries several pieces as
-        # one: fuse the most urgent pending pieces up to the chunk (DESIGN.md, "Fused collectives").
-        self._fuse = (not traits.is_parameter_server and self.mode != "paper"
+        # Where a message costs a collective (all-reduce), the transport carries several pieces as one
+        # and the user asks (BYTEPS_PROPHET_FUSE, in training and in the simulator alike): fuse the most
+        # urgent pending pieces up to the chunk (DESIGN.md, "Fused collectives").
+        self._fuse = (settings.fuse and not traits.is_parameter_server and self.mode != "paper"
                       and bool(getattr(transport, "accepts_fused", False)))
         self._plan: StepProfile | None = None
         self._sizes: dict[int, int] = {}  # bytes of each gradient, as last posted

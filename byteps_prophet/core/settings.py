@@ -49,8 +49,8 @@ class Settings:
     backend: str = ""  # gloo, nccl, byteps, local; "" = from the process (torch.distributed, DMLC_ROLE, WORLD_SIZE)
     overlap: bool = True  # layer-wise overlap: a forward waits only for its own layer's update
     layerwise: bool = True  # per-parameter update as each gradient is synchronised
-    # Prophet's fused collectives on torch.distributed (docs/DESIGN.md, "Fused collectives"): off until a
-    # real run shows a gain (docs/BASELINES.md); the simulator always fuses on all-reduce
+    # Prophet's fused collectives on all-reduce (docs/DESIGN.md, "Fused collectives"), in the plugins and
+    # the simulator alike: off until a real run shows a gain (docs/BASELINES.md)
     fuse: bool = False
     # Diagnostics.
     trace: str = ""  # PATH ({rank} replaced): each rank's events as Chrome trace JSON (core/trace.py); "" = none

@@ -183,8 +183,7 @@ class _Engine:
         # atoms it sends under Prophet (every rank: all must send the same atoms).
         atom = backend.use_atoms(_prophet_atom_elements(settings)) if settings.scheduler == "prophet" else 0
         self.traits = backend.traits.replace(atom_elements=atom)
-        # Prophet's fused collectives go out as one FusedOp where the backend carries one and the user asks
-        self.accepts_fused = backend.accepts_fused and settings.fuse
+        self.accepts_fused = backend.accepts_fused  # Prophet's fused collectives go out as one FusedOp
         self.scheduler = None
         self._timer = None
         if self.leader:
@@ -584,7 +583,7 @@ class _Engine:
 
                 print(f"byteps-prophet: profile not written: {err}", file=sys.stderr, flush=True)
             finally:
-                self.backend.close()
+                self.backend.close(together=self.error is None)
 
 
 def _zero(p: torch.Tensor, set_to_none: bool) -> None:

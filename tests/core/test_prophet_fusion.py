@@ -35,10 +35,10 @@ class CollectiveLink:
 ARRIVALS = [(i, 0.0002 * (24 - i), (10, 1000)) for i in range(24, 0, -1)] + [(0, 0.005, (10, 1000))]
 
 
-def run(stages=1, accepts_fused=True, mode="default", iterations=6, period=0.2):
+def run(stages=1, accepts_fused=True, mode="default", iterations=6, period=0.2, fuse=True):
     loop = Loop()
     link = CollectiveLink(loop, stages, accepts_fused)
-    scheduler = Prophet(Settings(scheduler="prophet", prophet_mode=mode), loop.clock, link)
+    scheduler = Prophet(Settings(scheduler="prophet", prophet_mode=mode, fuse=fuse), loop.clock, link)
     link.scheduler = scheduler
     done = Counter()
     finish = {}
@@ -90,12 +90,13 @@ def test_fusion_ends_the_step_sooner_on_a_collective_engine():
     assert fused[5] < alone[5] - 0.010, (fused[5], alone[5])
 
 
-@pytest.mark.parametrize("stages, accepts_fused, mode", [(2, True, "default"), (1, False, "default"),
-                                                         (1, True, "paper")])
-def test_no_fusion_on_parameter_servers_plain_transports_or_the_paper_mode(stages, accepts_fused, mode):
+@pytest.mark.parametrize("stages, accepts_fused, mode, fuse", [(2, True, "default", True), (1, False, "default", True),
+                                                               (1, True, "paper", True), (1, True, "default", False)])
+def test_no_fusion_on_parameter_servers_plain_transports_the_paper_mode_or_unasked(stages, accepts_fused, mode, fuse):
     """A parameter server's message is not a collective (its rules stay as they were), a transport
-    that cannot carry a fused message never gets one, and the paper mode stays as published."""
-    _, link, done, _ = run(stages, accepts_fused, mode)
+    that cannot carry a fused message never gets one, the paper mode stays as published, and without
+    BYTEPS_PROPHET_FUSE (the default) nothing is fused, in training and in the simulator alike."""
+    _, link, done, _ = run(stages, accepts_fused, mode, fuse=fuse)
     assert not any(isinstance(m, Fused) for _, m in link.sent)
     assert set(done.values()) == {1} and len(done) == 6 * len(ARRIVALS)
 
@@ -105,7 +106,7 @@ def test_a_fused_message_is_started_and_finished_whole():
     member that is not ready cannot be fused, and a fused message cannot finish twice."""
     loop = Loop()
     link = CollectiveLink(loop)
-    scheduler = Prophet(Settings(scheduler="prophet"), loop.clock, link)
+    scheduler = Prophet(Settings(scheduler="prophet", fuse=True), loop.clock, link)
     link.scheduler = scheduler
     a, b = Task("a", 1, (4, 10)), Task("b", 2, (4, 10))
     for task in (a, b):
@@ -130,7 +131,7 @@ def test_after_the_end_of_backward_pieces_are_fused_never_cut():
     pieces) arriving at the end, on a link whose collectives cost 10 us."""
     loop = Loop()
     link = CollectiveLink(loop, cost=1e-5)
-    scheduler = Prophet(Settings(scheduler="prophet"), loop.clock, link)
+    scheduler = Prophet(Settings(scheduler="prophet", fuse=True), loop.clock, link)
     link.scheduler = scheduler
     arrivals = ([(5, 0.0, (10000, 1000))] + [(i, 0.0045 + 1e-4 * (5 - i), (10, 1000)) for i in (4, 3, 2, 1)]
                 + [(0, 0.005, (2500, 1000))])

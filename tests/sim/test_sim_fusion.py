@@ -22,7 +22,7 @@ def test_a_fused_block_costs_one_collective(workers):
     finishes = {}
     for fused in (True, False):
         sim = Simulation(layers_from(get_model("resnet50"), compute_times(get_model("resnet50"), 32)), cluster,
-                         Settings(scheduler="prophet"))
+                         Settings(scheduler="prophet", fuse=True))
         network, done = sim.network, []
         network.on_finished = lambda message: done.append((sim.loop.now(), message))
         pieces = [ready_slice(f"g{i}", i, 250) for i in range(4)]  # 1 MB each
@@ -45,7 +45,7 @@ def test_prophet_fuses_on_the_ring_and_sends_every_row_once(model, workers):
     spec = get_model(model)
     layers = layers_from(spec, compute_times(spec, spec.default_batch))
     cluster = ClusterSpec(workers=workers, arch="allreduce", bandwidth=10e9 / 8)
-    result = Simulation(layers, cluster, Settings(scheduler="prophet"), iterations=8, warmup=4).run()
+    result = Simulation(layers, cluster, Settings(scheduler="prophet", fuse=True), iterations=8, warmup=4).run()
     assert_every_row_sent_once(result, layers, 8)
     steady_messages = sum(1 for it in result.messages if it >= 5)
     steady_pieces = sum(1 for piece in result.sent if piece.iteration >= 5)
@@ -56,5 +56,5 @@ def test_no_fused_message_on_a_parameter_server():
     spec = get_model("resnet50")
     layers = layers_from(spec, compute_times(spec, spec.default_batch))
     cluster = ClusterSpec(workers=8, arch="ps", bandwidth=10e9 / 8)
-    result = Simulation(layers, cluster, Settings(scheduler="prophet"), iterations=8, warmup=4).run()
+    result = Simulation(layers, cluster, Settings(scheduler="prophet", fuse=True), iterations=8, warmup=4).run()
     assert len(result.messages) == len(result.sent)  # one message per slice, as before fusion
