@@ -103,8 +103,8 @@ class Backend:
     def wait(self, handle: Any) -> None:
         raise NotImplementedError
 
-    def close(self) -> None:
-        pass
+    def close(self, together: bool = True) -> None:
+        """Leave the job; ``together``: first wait for the other ranks to leave too (not after a failure)."""
 
 
 class LocalBackend(Backend):
