@@ -241,6 +241,19 @@ def _assert_same(a: dict, b: dict, what: str, tol=1e-6):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_more_than_a_thousand_tensors(tmp_path):
+    """1,106 tensors (1,100 of them 10 elements each) through the scheduled store: Prophet's parameters
+    equal the unwrapped store's, and every one of the small tensors trained."""
+    plain, _ = _train(tmp_path, "plain_many", "plain", BPP_MANY="1100", BPP_STEPS="3")
+    prophet, _ = _train(tmp_path, "prophet_many", "prophet", BPP_MANY="1100", BPP_STEPS="3")
+    assert len(prophet) == 1106
+    _assert_same(plain, prophet, "plain vs prophet, 1,106 tensors")
+    untrained = [k for k in prophet if "extra" in k and not np.any(prophet[k])]
+    assert not untrained, f"{len(untrained)} of the 1,100 small tensors never moved, e.g. {untrained[:3]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("on_kv", ["1", "0"])
 def test_parameters_equal_under_all_schedulers(tmp_path, on_kv):
     """dist_sync + Gluon Trainer: K steps give the same parameters with FIFO, ByteScheduler, Prophet

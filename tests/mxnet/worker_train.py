@@ -5,7 +5,8 @@ Knobs: BPP_STEPS, BPP_PLAIN=1 (unwrapped dist_sync store), BPP_DIE_AT=step:worke
 grad_req='null' and a block not in the graph), BPP_ON_KV=0 (optimizer on the worker),
 BPP_BACKEND=byteps (the scheduled store over byteps.mxnet; optimizer on the worker),
 BPP_STALL=step:worker (that worker's main thread stalls 0.4 s right after its first pushpull of that
-step, as a descheduled thread on a loaded machine would: its store closes the step there)."""
+step, as a descheduled thread on a loaded machine would: its store closes the step there),
+BPP_MANY=N (N more parameters of 10 elements each, added to the output: N + 6 tensors)."""
 import os
 import sys
 
@@ -22,10 +23,12 @@ np.random.seed(7)
 
 
 class Net(gluon.HybridBlock):
-    def __init__(self, unused=False):
+    def __init__(self, unused=False, many=0):
         super().__init__()
-        self.unused = unused
+        self.unused, self.many = unused, many
         with self.name_scope():
+            for i in range(many):  # as many tensors as a large model has, each with its own gradient
+                setattr(self, f"extra{i}", self.params.get(f"extra{i}", shape=(10,), init=mx.init.Zero()))
             self.fc1 = gluon.nn.Dense(300, in_units=64)  # 300 rows: several atoms/partitions
             self.fc2 = gluon.nn.Dense(200, in_units=300)
             self.out = gluon.nn.Dense(10, in_units=200)
@@ -37,10 +40,12 @@ class Net(gluon.HybridBlock):
         y = self.out(F.relu(self.fc2(F.relu(self.fc1(x)))))
         if self.unused:
             y = F.broadcast_add(y, kw["frozen"].reshape((1, 10)))
+        if self.many:
+            y = F.broadcast_add(y, F.add_n(*(kw[f"extra{i}"] for i in range(self.many))).reshape((1, 10)))
         return y
 
 
-net = Net(unused=os.environ.get("BPP_UNUSED") == "1")
+net = Net(unused=os.environ.get("BPP_UNUSED") == "1", many=int(os.environ.get("BPP_MANY", "0")))
 net.initialize(mx.init.Xavier(), ctx=mx.cpu())
 if os.environ.get("BPP_OUT") and rank_env == 0:  # the initial values, to tell training from none
     np.savez(f"{os.environ['BPP_OUT'].removesuffix('.npz')}.init.npz",
