@@ -31,6 +31,7 @@ class TraceLog:
         self._instants: list[tuple[str, str, float, str, dict]] = []
         self._spans: list[tuple[str, str, float, float, str, dict]] = []
         self._tracks: dict[str, int] = {}
+        self._planned_seen = 0
         self._lock = threading.Lock()
 
     def instant(self, cat: str, name: str, t: float, track: str = "training", **args: Any) -> None:
@@ -42,6 +43,14 @@ class TraceLog:
         with self._lock:
             self._track(track)
             self._spans.append((cat, name, start, max(start, end), track, args))
+
+    def plan(self, scheduler: Any, iteration: int, t: float) -> None:
+        """A ``plan`` instant when Prophet's prediction scheduled another iteration since the last call
+        (its ``planned_iterations`` grew; other schedulers have none)."""
+        planned = getattr(scheduler, "planned_iterations", 0)
+        if planned > self._planned_seen:
+            self._planned_seen = planned
+            self.instant("plan", "Prophet plan", t, iteration=iteration)
 
     def _track(self, track: str) -> int:
         return self._tracks.setdefault(track, len(self._tracks))

@@ -213,7 +213,6 @@ class ScheduledKVStore(KVStoreBase):
         # at close by the leader to PATH and by every other worker beside it (docs/MXNET.md, "Trace").
         self.trace = TraceLog(self.rank, f"worker {self.rank}") if self.settings.trace else None
         self._issued: dict[tuple[int, int], float] = {}  # (id(sync), atom) -> when it was issued
-        self._planned_seen = 0
         # The order: a mirroring follower issues the leader's announced atoms; every other worker
         # issues its own scheduler's, announcing them if it has a channel (the leader).
         self._sync = Synchroniser(_AtomOps(self, self._channel), lambda op: None, self._fail,
@@ -509,7 +508,8 @@ class ScheduledKVStore(KVStoreBase):
                         self._trace("ready", sync.task.name, iteration)
                         sync.ready = True
                         self.scheduler.post(sync.task)
-                        self._trace_plan(iteration)
+                        if self.trace is not None:
+                            self.trace.plan(self.scheduler, iteration, time.monotonic())
                     self._after_lock()
                 with self._lock:
                     self.scheduler.end_of_backward(iteration)
@@ -601,12 +601,6 @@ class ScheduledKVStore(KVStoreBase):
     def _trace(self, kind: str, name: str, iteration: int, **fields) -> None:
         if self.trace is not None:
             self.trace.instant(kind, name, time.monotonic(), iteration=iteration, **fields)
-
-    def _trace_plan(self, iteration: int) -> None:  # with _lock held: Prophet's prediction schedules it
-        planned = getattr(self.scheduler, "planned_iterations", 0)
-        if self.trace is not None and planned > self._planned_seen:
-            self._planned_seen = planned
-            self._trace("plan", "Prophet plan", iteration)
 
     def save_trace(self) -> str | None:
         """The trace: the leader's at ``BYTEPS_PROPHET_TRACE``, every other worker's beside it."""

@@ -158,7 +158,6 @@ class _Engine:
             self.trace = TraceLog(backend.rank, f"rank {backend.rank}")
         if profile_path and ("{rank}" in profile_path or backend.rank == 0):  # checked before any thread starts
             writable(profile_path.replace("{rank}", str(backend.rank)), "BYTEPS_PROPHET_PROFILE")
-        self._planned_seen = 0
 
         group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
         self.params: list[_Param] = []
@@ -280,7 +279,7 @@ class _Engine:
                 self.scheduler.post(Task(entry.name, entry.index, tuple(wire.shape) or (1,), wire.element_size(),
                                          self.iteration, payload=entry))
                 if self.trace is not None:
-                    self._trace_plan(self.iteration, now)
+                    self.trace.plan(self.scheduler, self.iteration, now)
         if not self.leader:
             self.sync.local_ready(self.iteration, entry.name, entry.payload)
 
@@ -313,13 +312,6 @@ class _Engine:
             self._ends_sent.add(iteration)
             self._ends_sent.discard(iteration - 8)
             self.sync.end_iteration(iteration)
-
-    def _trace_plan(self, iteration: int, now: float) -> None:
-        """Leader, under lock: a ``plan`` event for an iteration Prophet's prediction schedules."""
-        planned = getattr(self.scheduler, "planned_iterations", 0)
-        if planned > self._planned_seen:
-            self._planned_seen = planned
-            self.trace.instant("plan", "Prophet plan", now, iteration=iteration)
 
     # -- the Transport contract (called by the scheduler, under lock) ---------------------------------
     def send(self, piece: Task | Fused) -> None:
