@@ -27,8 +27,7 @@ class TorchDistBackend(Backend):
         self.group = group
         self._store = None
         self._owns_group = False
-        # a FusedOp: one all_reduce of a flat buffer (one per dtype among its members); opt-in
-        self.accepts_fused = True  # a FusedOp is one all_reduce of a flat buffer (issue below)
+        self.accepts_fused = True  # a FusedOp is one all_reduce of a flat buffer per dtype (issue below)
         self.setup()
 
     def setup(self) -> None:
@@ -106,8 +105,8 @@ class TorchDistBackend(Backend):
         if self._owns_group and dist.is_initialized():
             try:
                 if together and self.size > 1:
-                    # A rank that tears the group down (rank 0: the store) while a peer still uses it
-                    # aborts at exit ("terminate called without an active exception": 2 of 40 runs)
+                    # Leave together: a rank that tears the group down (rank 0: the store) while a peer
+                    # still uses it can abort at exit (see torch/bench.py, _leave_without_teardown)
                     dist.barrier(group=self.group)
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - best effort at shutdown
