@@ -432,6 +432,8 @@ def test_a_dead_server_ends_a_byteps_training_run_within_30s_naming_it(leftovers
 BLAST = r"""
 import socket, sys
 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+# a send buffer far larger than the tbf's queue, so the qdisc (not the socket) is what fills up
+sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_SNDBUFFORCE", 32), 8 << 20)
 sent = 0
 for _ in range(2000):  # 2.8 MB at once: far more than a 10 Mbit/s tbf's 50 ms queue holds
     try:
