@@ -251,7 +251,10 @@ class ABRunner:
             recorded = {"profile": base + ".profile.json", "trace": base + ".trace.json"}
             env["BYTEPS_PROPHET_PROFILE"] = recorded["profile"]
             env["BYTEPS_PROPHET_TRACE"] = recorded["trace"]  # both frameworks' (docs/PYTORCH.md, docs/MXNET.md)
+        read_counters = getattr(cluster, "network_counters", dict)  # a stand-in cluster has none
+        counters = read_counters()
         result = cluster.run(command, env=env, timeout=cfg.timeout, output=sink)
+        network = network_summary(counters, read_counters())
         if cfg.bandwidth_schedule and cluster.use_netns:
             cluster.set_bandwidth(cfg.bandwidth)
         data = parse_result(result.output.get("worker-0", []))
@@ -261,6 +264,8 @@ class ABRunner:
         if variant == COMPUTE_ONLY:  # worker 0 reports its own rate; the others trained alongside it
             data["samples_per_s"] *= cfg.workers
         data.update(variant=variant, elapsed_s=result.elapsed, bandwidth_changes=changes)
+        if network:
+            data["network"] = network
         if recorded:
             data["recorded"] = recorded
         return data
@@ -307,6 +312,23 @@ class ABRunner:
     def summary(self) -> dict:
         return summarize(self.cfg, self.runs, netns=getattr(self, "netns", None), environment=self.environment,
                          tuning=self.tuning, warnings=self.warnings, ddp_tuning=getattr(self, "ddp_tuning", None))
+
+
+def network_summary(before: dict, after: dict) -> dict:
+    """What one run did to the links (``Cluster.network_counters`` before and after): per host its
+    uplink's and downlink's qdisc bytes, drops and overlimits and its TCP segments, retransmissions
+    and timeouts. Empty on loopback."""
+    from byteps_prophet.cluster.netns import counter_delta
+
+    delta = counter_delta(before, after)
+    out = {}
+    for host, parts in delta.items():
+        row = {f"{side}_{key}": parts.get(side, {}).get(key, 0) for side in ("up", "down")
+               for key in ("bytes", "drops", "overlimits")}
+        row.update({f"tcp_{key}": parts.get("tcp", {}).get(key, 0)
+                    for key in ("out_segs", "retrans_segs", "timeouts", "loss_probes", "fast_retrans")})
+        out[host] = row
+    return out
 
 
 PAIRS = (("prophet", "fifo"), ("prophet", "bytescheduler"), ("prophet", "bytescheduler_tuned"),

@@ -509,6 +509,19 @@ class Cluster:
                 host.latency_us = micros
             self._apply_shaping()
 
+    def network_counters(self) -> dict:
+        """Cumulative counters of every shaped link and host (empty on loopback): per host, ``up``
+        (its eth0's egress) and ``down`` (the switch's port towards it) qdisc counters (bytes, packets,
+        drops, overlimits, requeues) and ``tcp`` (out_segs, retrans_segs, timeouts, ...). Take it
+        before and after a run; ``netns.counter_delta`` gives what the run did."""
+        with self._lock:
+            if self.closed or not self.use_netns:
+                return {}
+            return {host.name: {"up": nets.qdisc_counters(host.netns, nets.HOST_DEV),
+                                "down": nets.qdisc_counters(self.switch, host.switch_dev),
+                                "tcp": nets.tcp_counters(host.netns)}
+                    for host in self.hosts}
+
     def _require_shaping(self, what: str) -> None:
         if self.closed or self.use_netns is None:
             raise UserError(f"{what}: the cluster is not started")

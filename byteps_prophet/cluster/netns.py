@@ -195,3 +195,67 @@ def netem_available(ns: str) -> bool:
         return proc.returncode == 0
     finally:
         ip_batch(["link del bpp-nq0"], ns=ns, check=False)
+
+
+# ---------------------------------------------------------------------------------------- counters
+# What a link and a host's TCP did during a run: qdisc drops show where a shaped queue overflowed,
+# TCP retransmissions and timeouts what the senders paid for it (docs/CLUSTER.md, "Link counters").
+QDISC_FIELDS = ("bytes", "packets", "drops", "overlimits", "requeues")
+TCP_FIELDS = {  # /proc/net/snmp "Tcp:" and /proc/net/netstat "TcpExt:" names -> ours
+    ("Tcp", "OutSegs"): "out_segs",
+    ("Tcp", "RetransSegs"): "retrans_segs",
+    ("TcpExt", "TCPTimeouts"): "timeouts",
+    ("TcpExt", "TCPLossProbes"): "loss_probes",
+    ("TcpExt", "TCPFastRetrans"): "fast_retrans",
+    ("TcpExt", "TCPSlowStartRetrans"): "slow_start_retrans",
+    ("TcpExt", "TCPSpuriousRTOs"): "spurious_rtos",
+}
+
+
+def qdisc_counters(ns: str | None, dev: str) -> dict[str, int]:
+    """The shaping qdisc's cumulative counters on ``dev`` (the tbf where there is one, else the root)."""
+    proc = _run(["tc"] + (["-n", ns] if ns else []) + ["-s", "-j", "qdisc", "show", "dev", dev], check=False)
+    try:
+        import json
+
+        qdiscs = json.loads(proc.stdout or "[]")
+    except ValueError:
+        return {}
+    chosen = next((q for q in qdiscs if q.get("kind") == "tbf"), qdiscs[0] if qdiscs else None)
+    if not chosen:
+        return {}
+    return {name: int(chosen.get(name, 0)) for name in QDISC_FIELDS}
+
+
+def parse_proc_net(text: str) -> dict[str, int]:
+    """The TCP_FIELDS out of /proc/net/snmp and /proc/net/netstat (header line, value line pairs)."""
+    found: dict[str, int] = {}
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    for head, values in zip(lines, lines[1:]):
+        if (len(head) < 2 or len(values) != len(head) or head[0] != values[0] or not head[0].endswith(":")
+                or head[1].lstrip("-").isdigit() or not values[1].lstrip("-").isdigit()):
+            continue  # not a (names, values) pair of one group
+        group = head[0][:-1]
+        for key, value in zip(head[1:], values[1:]):
+            ours = TCP_FIELDS.get((group, key))
+            if ours and value.lstrip("-").isdigit():
+                found[ours] = int(value)
+    return found
+
+
+def tcp_counters(ns: str | None) -> dict[str, int]:
+    """The host's cumulative TCP counters (TCP_FIELDS) in namespace ``ns``."""
+    argv = ["cat", "/proc/net/snmp", "/proc/net/netstat"]
+    proc = _run((["ip", "netns", "exec", ns] if ns else []) + argv, check=False)
+    return parse_proc_net(proc.stdout or "")
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    """``after - before`` for nested dicts of counters (keys missing before count from 0)."""
+    out: dict = {}
+    for key, value in after.items():
+        if isinstance(value, dict):
+            out[key] = counter_delta(before.get(key, {}), value)
+        elif isinstance(value, int):
+            out[key] = value - int(before.get(key, 0))
+    return out

@@ -427,3 +427,44 @@ def test_a_dead_server_ends_a_byteps_training_run_within_30s_naming_it(leftovers
     assert "server-0" in result.reason
     assert after < 30, f"the run ended {after:.1f} s after the server died"
     print(f"BytePS run ended {after:.2f} s after the server died")
+
+
+BLAST = r"""
+import socket, sys
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+# a send buffer far larger than the tbf's queue, so the qdisc (not the socket) is what fills up
+sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_SNDBUFFORCE", 32), 8 << 20)
+sent = 0
+for _ in range(2000):  # 2.8 MB at once: far more than a 10 Mbit/s tbf's 50 ms queue holds
+    try:
+        sock.sendto(b"\0" * 1400, (sys.argv[1], 9))
+        sent += 1
+    except OSError:  # ENOBUFS: the qdisc dropped it
+        pass
+print(sent)
+"""
+
+
+def test_network_counters_see_a_tcp_transfer_and_the_drops_of_an_overflowing_queue(leftovers, tmp_path):
+    from byteps_prophet.ab.runner import network_summary
+
+    script = tmp_path / "transfer.py"
+    script.write_text(TRANSFER)
+    blast = tmp_path / "blast.py"
+    blast.write_text(BLAST)
+    with Cluster(ClusterSpec(workers=1, servers=1, engine="mxnet", bandwidth="10mbit"), output=False) as cluster:
+        before = cluster.network_counters()
+        assert set(before) == {"scheduler", "server-0", "worker-0"}
+        _measure(cluster, "worker-0", "scheduler", 10e6, script)  # 2.5 MB over TCP
+        middle = cluster.network_counters()
+        subprocess.run(cluster.exec_argv("worker-0", [sys.executable, str(blast), cluster.host("scheduler").address]),
+                       check=True, timeout=30, capture_output=True)
+        after = cluster.network_counters()
+    transfer = network_summary(before, middle)
+    size = 512 * 1024 + 2 * 1024 * 1024
+    assert transfer["worker-0"]["up_bytes"] >= size and transfer["scheduler"]["down_bytes"] >= size
+    assert transfer["worker-0"]["tcp_out_segs"] >= size // 65536
+    assert transfer["server-0"]["up_bytes"] < 100_000  # a host that sent nothing: its own traffic only
+    flood = network_summary(middle, after)
+    assert flood["worker-0"]["up_drops"] > 0, flood  # the tbf queue (50 ms) overflowed
+    assert cluster.network_counters() == {}  # closed
