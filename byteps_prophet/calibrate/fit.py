@@ -217,7 +217,7 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         replies = raw.get("replies")
         if replies:  # the transport the scheduled KVStore uses: one pushpull per atom
             in_reply, efficiency = _replies(replies, derived, small_alone=small_alone, big_push=big_push,
-                                            cost=cost, startup=startup, rate=rate, stages=stages,
+                                            cost=cost, startup=startup, rate=rate,
                                             duplex=duplex, efficiency=efficiency)
     elif nominal_bytes_per_s:
         duplex = rate >= DUPLEX_SHARE * nominal_bytes_per_s
@@ -252,7 +252,7 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
 
 
 def _replies(replies: Mapping[str, Any], derived: dict, *, small_alone: float, big_push: float, cost: float,
-             startup: float, rate: float, stages: int, duplex: bool, efficiency: float) -> tuple[bool, float]:
+             startup: float, rate: float, duplex: bool, efficiency: float) -> tuple[bool, float]:
     """``(pull_in_reply, duplex_efficiency)`` from the probe's ``pushpull`` phase (module docstring)."""
     behind_s = _median(replies.get("behind_s") or [], "small pushpull before a large one")
     extra = behind_s - small_alone
@@ -262,7 +262,7 @@ def _replies(replies: Mapping[str, Any], derived: dict, *, small_alone: float, b
     for group in replies.get("stream") or []:
         issued, done = group["issued"], group["done"]
         push_s = cost + float(group["link_bytes"]) / rate
-        took = max(done) - issued[0] - startup - (stages - 1) * cost
+        took = max(done) - issued[0] - startup  # the cost per message is in push_s, on every stage
         bursts.append([len(done), round(push_s, 6), round(took, 6),
                        round(burst_efficiency(len(done), push_s, took), 4)])
     derived["reply_bursts"] = bursts  # [ops, push s, took s, efficiency]

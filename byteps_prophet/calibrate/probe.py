@@ -43,6 +43,8 @@ ALONE_REPS, BIG_ALONE_REPS, BEHIND_REPS = 6, 3, 3
 # The staggered pair decides duplex and its efficiency, a 2% effect: with 3 repetitions BytePS's pair
 # spread over 10% (0.52-0.58 s) and two calibrations read 3.31 and 3.18 transfers; 9 take ~4 s more.
 STAGGER_REPS = 9
+# pushpull bursts per size (``replies``): their duplex efficiency spread 0.77-0.94 over four bursts
+REPLY_REPS = 3
 PAUSE_S = 0.05  # idle time before an op that must find the link idle
 STAGGER = 1.25  # the second large op of ``staggered``, in push times after the first
 COMPUTE_UNIT_S = 0.02
@@ -318,7 +320,7 @@ class Probe:
             self.e.wait(start(big, 0))
             alone.append(self.now() - t)
         groups = []
-        for rep in range(REPS):
+        for rep in range(REPLY_REPS):
             for si in (big, mid):
                 self.e.barrier()
                 time.sleep(PAUSE_S)
