@@ -43,8 +43,9 @@ ALONE_REPS, BIG_ALONE_REPS, BEHIND_REPS = 6, 3, 3
 # The staggered pair decides duplex and its efficiency, a 2% effect: with 3 repetitions BytePS's pair
 # spread over 10% (0.52-0.58 s) and two calibrations read 3.31 and 3.18 transfers; 9 take ~4 s more.
 STAGGER_REPS = 9
-# pushpull bursts per size (``replies``): their duplex efficiency spread 0.77-0.94 over four bursts
-REPLY_REPS = 3
+# pushpull bursts per size (``replies``): their duplex efficiency spread 0.77-0.94 over four bursts and
+# 0.67-0.85 over six (a loaded machine), so the median takes ten
+REPLY_REPS = 5
 PAUSE_S = 0.05  # idle time before an op that must find the link idle
 STAGGER = 1.25  # the second large op of ``staggered``, in push times after the first
 COMPUTE_UNIT_S = 0.02
