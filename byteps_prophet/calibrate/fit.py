@@ -266,6 +266,11 @@ def _replies(replies: Mapping[str, Any], derived: dict, *, small_alone: float, b
         bursts.append([len(done), round(push_s, 6), round(took, 6),
                        round(burst_efficiency(len(done), push_s, took), 4)])
     derived["reply_bursts"] = bursts  # [ops, push s, took s, efficiency]
+    # Kept for the record, not fitted: the same stream with at most a window of ops in flight took as
+    # long as a burst, in link times (docs/ENGINE.md: a bound on what is queued did not help).
+    derived["reply_windowed"] = [[g.get("window"), len(g["done"]),
+                                  round((max(g["done"]) - g["issued"][0] - startup) / (cost + g["link_bytes"] / rate), 3)]
+                                 for g in replies.get("windowed") or []]
     if in_reply and duplex and bursts:
         efficiency = statistics.median(b[3] for b in bursts)
         derived["reply_efficiency"] = efficiency

@@ -46,6 +46,7 @@ STAGGER_REPS = 9
 # pushpull bursts per size (``replies``): their duplex efficiency spread 0.77-0.94 over four bursts and
 # 0.67-0.85 over six (a loaded machine), so the median takes ten
 REPLY_REPS = 5
+WINDOWS, WINDOW_OPS, WINDOW_REPS = (2, 4), 12, 3  # the windowed pushpull streams: ops in flight at most, ops
 PAUSE_S = 0.05  # idle time before an op that must find the link idle
 STAGGER = 1.25  # the second large op of ``staggered``, in push times after the first
 COMPUTE_UNIT_S = 0.02
@@ -336,7 +337,30 @@ class Probe:
                 groups.append({"size_index": si, "tensor_bytes": SIZES[si] * 4, "link_bytes": self.link_bytes(si),
                                "rep": rep, "issued": _r(issued), "done": _r(done)})
         return {"small_link_bytes": self.link_bytes(0), "big_link_bytes": self.link_bytes(big),
-                "behind_s": _r(behind), "big_alone_s": _r(alone), "stream": groups}
+                "behind_s": _r(behind), "big_alone_s": _r(alone), "stream": groups,
+                "windowed": self._windowed(big)}
+
+    def _windowed(self, si: int) -> list[dict]:
+        """``WINDOW_OPS`` ops of one size through ``start_reply``, at most a window of them in flight (the
+        next issued as the oldest completes, as a credit does): the same stream as a burst, with a bound
+        on what each worker has queued."""
+        groups = []
+        for rep, window in ((r, w) for r in range(WINDOW_REPS) for w in WINDOWS):
+            self.e.barrier()
+            time.sleep(PAUSE_S)
+            issued, done, handles = [], [], []
+            for slot in range(WINDOW_OPS):
+                if len(handles) - len(done) >= window:
+                    self.e.wait(handles[len(done)])
+                    done.append(self.now())
+                issued.append(self.now())
+                handles.append(self.e.start_reply(si, slot % self.e.counts[si]))
+            while len(done) < len(handles):
+                self.e.wait(handles[len(done)])
+                done.append(self.now())
+            groups.append({"size_index": si, "tensor_bytes": SIZES[si] * 4, "link_bytes": self.link_bytes(si),
+                           "rep": rep, "window": window, "issued": _r(issued), "done": _r(done)})
+        return groups
 
     def compute(self, rate: float) -> dict:
         e = self.e
