@@ -216,9 +216,13 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
             derived["duplex_assumed"] = True
         replies = raw.get("replies")
         if replies:  # the transport the scheduled KVStore uses: one pushpull per atom
-            in_reply, efficiency = _replies(replies, derived, small_alone=small_alone, big_push=big_push,
-                                            cost=cost, startup=startup, rate=rate,
-                                            duplex=duplex, efficiency=efficiency)
+            try:
+                in_reply, efficiency = _replies(replies, derived, small_alone=small_alone, big_push=big_push,
+                                                cost=cost, startup=startup, rate=rate,
+                                                duplex=duplex, efficiency=efficiency)
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise ConfigError(f"calibration: the probe output's 'replies' is malformed ({err!r}); valid: "
+                                  f"the pushpull phase of byteps_prophet.calibrate.probe") from None
     elif nominal_bytes_per_s:
         duplex = rate >= DUPLEX_SHARE * nominal_bytes_per_s
         derived["rate_share_of_nominal"] = rate / nominal_bytes_per_s
@@ -267,7 +271,7 @@ def _replies(replies: Mapping[str, Any], derived: dict, *, small_alone: float, b
                        round(burst_efficiency(len(done), push_s, took), 4)])
     derived["reply_bursts"] = bursts  # [ops, push s, took s, efficiency]
     # Kept for the record, not fitted: the same stream with at most a window of ops in flight took as
-    # long as a burst, in link times (docs/ENGINE.md: a bound on what is queued did not help).
+    # long as a burst or a little less, in link times (docs/ENGINE.md: not told apart from a burst).
     derived["reply_windowed"] = [[g.get("window"), len(g["done"]),
                                   round((max(g["done"]) - g["issued"][0] - startup) / (cost + g["link_bytes"] / rate), 3)]
                                  for g in replies.get("windowed") or []]

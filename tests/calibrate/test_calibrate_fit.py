@@ -235,6 +235,9 @@ def test_a_pull_in_the_reply_is_a_small_op_not_waiting_for_the_large_push():
     traits, derived = traits_from(raw, nominal_bytes_per_s=RATE)
     assert not traits.pull_in_reply and traits.duplex_efficiency == 1.0
     assert not traits_from(raw_output("kvstore"), nominal_bytes_per_s=RATE)[0].pull_in_reply  # no phase: old
+    raw["replies"] = {"behind_s": [0.1], "stream": [{"issued": [0.0]}]}  # a burst without completions
+    with pytest.raises(ConfigError, match="'replies' is malformed"):
+        traits_from(raw, nominal_bytes_per_s=RATE)
 
 
 def test_burst_efficiency_is_the_one_the_simulators_network_finishes_the_burst_with():
