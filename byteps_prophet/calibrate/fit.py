@@ -22,6 +22,14 @@ on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate 
   measured rate against the shaped one;
 * **duplex efficiency**: on a duplex link, what the same two ops took beyond 3.25 transfers, over the
   0.75 transfers both directions were busy: each direction's share of its rate while both are;
+* **pull in reply** (MXNet's KVStore, probed with ``pushpull``, the call its scheduled store sends
+  atoms with): the same small-before-large pair, as one request each: the small op's answer not
+  waiting for the large push (as it does with a push and a pull request of its own) means the server
+  answers the push with the values;
+* **duplex efficiency, where the pull comes in the reply**: bursts of large ``pushpull`` ops issued at
+  once keep both directions of the server's link busy for most of their time, as training's bursts do
+  (the staggered pair overlaps them for 0.75 transfers only): the efficiency at which the simulator's
+  network (``sim/network.py``) finishes such a burst when it did (``burst_efficiency``);
 * **compute slowdown**: a fixed CPU workload while the engine moves bytes, over the same alone.
 
 "Link bytes" are what the busiest link carries per op in each direction: a ring all-reduce of S bytes
@@ -53,6 +61,23 @@ DUPLEX_TRANSFERS = 3.6
 # directions run at a share e of their rate while both are busy takes 0.75 (1 / e - 1) longer.
 DUPLEX_IDEAL, STAGGER_OVERLAP = 3.25, 0.75
 DUPLEX_SHARE = 0.6  # all-reduce: measured rate at least this share of the shaped one
+
+
+def burst_efficiency(ops: int, push_s: float, took_s: float) -> float:
+    """The duplex efficiency at which the simulator's parameter-server network, where the server answers
+    the push with the values (``pull_in_reply``), finishes ``ops`` equal ops issued at once, each
+    ``push_s`` through the server's ingress (and as long through its egress), after ``took_s``.
+
+    There (sim/network.py, ``_stretched``) op 0's push and pull take ``push_s`` each; every later push
+    starts as the pull before it does and is booked after it, so it runs at the efficiency ``e`` for
+    the ``push_s`` they overlap and at full rate after: ``push_s (2 - e)``; its pull follows on a link
+    that is idle by then. The last op is done at ``push_s (2 + (ops - 1)(2 - e))``, so
+    ``e = 2 - (took_s / push_s - 2) / (ops - 1)``, clamped to the trait's range [0.5, 1]."""
+    if ops < 2 or push_s <= 0:
+        raise ConfigError(f"calibration: a burst of {ops} ops of {push_s:g} s each is too short to fit; "
+                          f"valid: at least 2 ops of positive size")
+    e = 2.0 - (took_s / push_s - 2.0) / (ops - 1)
+    return min(1.0, max(0.5, e))
 
 
 def stages_of(backend: str) -> int:
@@ -160,7 +185,7 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         "back_to_back_bytes_per_s": stream_rate, "alone_intercept_s": intercept,
         "small_alone_s": small_alone, "small_service_s": small_service,
     }
-    follows = pressed = False
+    follows = pressed = in_reply = False
     efficiency = 1.0
     if stages == 2:
         behind = raw["behind"]
@@ -189,6 +214,15 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         else:
             duplex = True
             derived["duplex_assumed"] = True
+        replies = raw.get("replies")
+        if replies:  # the transport the scheduled KVStore uses: one pushpull per atom
+            try:
+                in_reply, efficiency = _replies(replies, derived, small_alone=small_alone, big_push=big_push,
+                                                cost=cost, startup=startup, rate=rate,
+                                                duplex=duplex, efficiency=efficiency)
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise ConfigError(f"calibration: the probe output's 'replies' is malformed ({err!r}); valid: "
+                                  f"the pushpull phase of byteps_prophet.calibrate.probe") from None
     elif nominal_bytes_per_s:
         duplex = rate >= DUPLEX_SHARE * nominal_bytes_per_s
         derived["rate_share_of_nominal"] = rate / nominal_bytes_per_s
@@ -216,9 +250,35 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         startup_latency_s=_round(startup), atom_elements=int(atom_elements), duplex=bool(duplex),
         servers=servers if stages == 2 else 0, compute_slowdown=round(slowdown, 4),
         bandwidth_bytes_per_s=round(rate, 1), backpressure=bool(pressed),
-        duplex_efficiency=round(efficiency, 4),
+        duplex_efficiency=round(efficiency, 4), pull_in_reply=bool(in_reply),
     )
     return traits, derived
+
+
+def _replies(replies: Mapping[str, Any], derived: dict, *, small_alone: float, big_push: float, cost: float,
+             startup: float, rate: float, duplex: bool, efficiency: float) -> tuple[bool, float]:
+    """``(pull_in_reply, duplex_efficiency)`` from the probe's ``pushpull`` phase (module docstring)."""
+    behind_s = _median(replies.get("behind_s") or [], "small pushpull before a large one")
+    extra = behind_s - small_alone
+    in_reply = extra < FOLLOW_SHARE * big_push
+    derived.update(reply_behind_s=behind_s, reply_behind_extra_s=extra)
+    bursts = []
+    for group in replies.get("stream") or []:
+        issued, done = group["issued"], group["done"]
+        push_s = cost + float(group["link_bytes"]) / rate
+        took = max(done) - issued[0] - startup  # the cost per message is in push_s, on every stage
+        bursts.append([len(done), round(push_s, 6), round(took, 6),
+                       round(burst_efficiency(len(done), push_s, took), 4)])
+    derived["reply_bursts"] = bursts  # [ops, push s, took s, efficiency]
+    # Kept for the record, not fitted: the same stream with at most a window of ops in flight took as
+    # long as a burst or a little less, in link times (docs/ENGINE.md: not told apart from a burst).
+    derived["reply_windowed"] = [[g.get("window"), len(g["done"]),
+                                  round((max(g["done"]) - g["issued"][0] - startup) / (cost + g["link_bytes"] / rate), 3)]
+                                 for g in replies.get("windowed") or []]
+    if in_reply and duplex and bursts:
+        efficiency = statistics.median(b[3] for b in bursts)
+        derived["reply_efficiency"] = efficiency
+    return in_reply, efficiency
 
 
 def _round(value: float) -> float:
@@ -236,6 +296,7 @@ def format_table(traits: EngineTraits, derived: Mapping[str, Any], nominal_bytes
         ("stages", f"{traits.stages} ({'push then pull' if traits.stages == 2 else 'all-reduce'})"),
         ("pulls follow pushes", "yes" if traits.pulls_follow_pushes else "no"),
         ("back-pressure", "yes (pushes leave at the server's pace)" if traits.backpressure else "no"),
+        ("pull in reply", "yes (the push's answer carries the values: no pull request)" if traits.pull_in_reply else "no"),
         ("duplex efficiency", f"{traits.duplex_efficiency:.3f} (each direction's share while both are busy)"),
         ("duplex", ("yes" if traits.duplex else "no") + (" (assumed: unshaped)" if derived.get("duplex_assumed") else "")),
         ("servers", str(traits.servers) if traits.servers else "0 (no servers / as many as workers)"),

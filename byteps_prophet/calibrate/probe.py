@@ -12,11 +12,14 @@ when every worker sent them); worker 0 (``DMLC_WORKER_ID=0``) stamps them and pr
 3. ``alone``: a small, a middle and a large op, each sent onto an idle link (after a pause);
 4. ``staggered`` and ``behind`` (parameter servers): a second large op issued once the first's push
    is over; a small op issued just before a large one;
-5. ``compute``: a fixed CPU workload timed alone, then while a background thread keeps the engine moving
+5. ``replies`` (the KVStore): the same small-before-large pair, a large op alone and bursts of large
+   and middle ops, each op one ``pushpull`` as the scheduled store sends its atoms (the server
+   answers the push with the values; ``fit.py``: pull in reply, and the duplex efficiency of a burst);
+6. ``compute``: a fixed CPU workload timed alone, then while a background thread keeps the engine moving
    bytes (every worker does both, so the workers' own competition for the cores is in both).
 
 Only the engine's own API is used (``torch.distributed`` all-reduce, ``byteps.torch`` push_pull,
-``mx.kv`` push/pull), no scheduler: what is measured is the engine.
+``mx.kv`` push/pull and pushpull), no scheduler: what is measured is the engine.
 """
 from __future__ import annotations
 
@@ -40,6 +43,10 @@ ALONE_REPS, BIG_ALONE_REPS, BEHIND_REPS = 6, 3, 3
 # The staggered pair decides duplex and its efficiency, a 2% effect: with 3 repetitions BytePS's pair
 # spread over 10% (0.52-0.58 s) and two calibrations read 3.31 and 3.18 transfers; 9 take ~4 s more.
 STAGGER_REPS = 9
+# pushpull bursts per size (``replies``): their duplex efficiency spread 0.77-0.94 over four bursts and
+# 0.67-0.85 over six (a loaded machine), so the median takes ten
+REPLY_REPS = 5
+WINDOWS, WINDOW_OPS, WINDOW_REPS = (2, 4), 12, 3  # the windowed pushpull streams: ops in flight at most, ops
 PAUSE_S = 0.05  # idle time before an op that must find the link idle
 STAGGER = 1.25  # the second large op of ``staggered``, in push times after the first
 COMPUTE_UNIT_S = 0.02
@@ -166,6 +173,13 @@ class _KVStore(_Engine):
     def wait(self, handle):
         handle.wait_to_read()
 
+    def start_reply(self, si, slot):
+        """The op as the scheduled store sends an atom (``mxnet/kvstore.py``): one ``pushpull``, the
+        server's answer to the push carrying the merged values (no pull request of its own)."""
+        buf, key = self.bufs[si][slot], self.keys[si][slot]
+        self.kv.pushpull(key, buf, out=buf)
+        return buf
+
     def prepare_compute(self):
         self._a = self.mx.nd.random.uniform(shape=(256, 256))
         self._a.wait_to_read()
@@ -282,6 +296,72 @@ class Probe:
             flights.append(self.now() - t)
         return {"link_bytes": self.link_bytes(big), "delay_s": round(delay, 6), "flight_s": _r(flights)}
 
+    def replies(self) -> dict:
+        """Where the engine can answer a push with the values (``start_reply``: MXNet's pushpull), the
+        same ops as the store sends them: a small op just before a large one (``behind``: does it wait
+        for the large push, or only for its own round trip?), a large one alone, and bursts of large and
+        middle ops issued at once (``stream``: do the answers flow back while later pushes still go up?
+        the gap between completions is then one server-paced push, stretched by what running both
+        directions at once costs)."""
+        big, mid = len(SIZES) - 1, len(SIZES) - 2
+        start = self.e.start_reply
+        behind, alone = [], []
+        for _ in range(BEHIND_REPS):
+            self.e.barrier()
+            time.sleep(PAUSE_S)
+            t = self.now()
+            small_h = start(0, 0)
+            big_h = start(big, 0)
+            self.e.wait(small_h)
+            behind.append(self.now() - t)
+            self.e.wait(big_h)
+        for _ in range(BIG_ALONE_REPS):
+            self.e.barrier()
+            time.sleep(PAUSE_S)
+            t = self.now()
+            self.e.wait(start(big, 0))
+            alone.append(self.now() - t)
+        groups = []
+        for rep in range(REPLY_REPS):
+            for si in (big, mid):
+                self.e.barrier()
+                time.sleep(PAUSE_S)
+                issued, handles = [], []
+                for slot in range(self.e.counts[si]):
+                    issued.append(self.now())
+                    handles.append(start(si, slot))
+                done = []
+                for h in handles:
+                    self.e.wait(h)
+                    done.append(self.now())
+                groups.append({"size_index": si, "tensor_bytes": SIZES[si] * 4, "link_bytes": self.link_bytes(si),
+                               "rep": rep, "issued": _r(issued), "done": _r(done)})
+        return {"small_link_bytes": self.link_bytes(0), "big_link_bytes": self.link_bytes(big),
+                "behind_s": _r(behind), "big_alone_s": _r(alone), "stream": groups,
+                "windowed": self._windowed(big)}
+
+    def _windowed(self, si: int) -> list[dict]:
+        """``WINDOW_OPS`` ops of one size through ``start_reply``, at most a window of them in flight (the
+        next issued as the oldest completes, as a credit does): the same stream as a burst, with a bound
+        on what each worker has queued."""
+        groups = []
+        for rep, window in ((r, w) for r in range(WINDOW_REPS) for w in WINDOWS):
+            self.e.barrier()
+            time.sleep(PAUSE_S)
+            issued, done, handles = [], [], []
+            for slot in range(WINDOW_OPS):
+                if len(handles) - len(done) >= window:
+                    self.e.wait(handles[len(done)])
+                    done.append(self.now())
+                issued.append(self.now())
+                handles.append(self.e.start_reply(si, slot % self.e.counts[si]))
+            while len(done) < len(handles):
+                self.e.wait(handles[len(done)])
+                done.append(self.now())
+            groups.append({"size_index": si, "tensor_bytes": SIZES[si] * 4, "link_bytes": self.link_bytes(si),
+                           "rep": rep, "window": window, "issued": _r(issued), "done": _r(done)})
+        return groups
+
     def compute(self, rate: float) -> dict:
         e = self.e
         e.prepare_compute()
@@ -379,6 +459,9 @@ def main(argv=None) -> int:
         probe.say("two large ops staggered by a push done")
         out["behind"] = probe.behind()
         probe.say("small op before a large one done")
+        if hasattr(engine, "start_reply"):
+            out["replies"] = probe.replies()
+            probe.say("pushpull (the answer carries the values) done")
     out["compute"] = probe.compute(rate)
     probe.say("compute alone and while moving bytes done")
     engine.barrier()

@@ -12,11 +12,11 @@ Engine profile, version 1::
      "traits": {"name": "byteps", "stages": 2, "pulls_follow_pushes": true, "message_cost_s": 0.0004,
                 "startup_latency_s": 0.006, "atom_elements": 250000, "duplex": true, "servers": 1,
                 "compute_slowdown": 1.1, "bandwidth_bytes_per_s": 23000000.0, "backpressure": true,
-                "duplex_efficiency": 0.93},
+                "duplex_efficiency": 0.93, "pull_in_reply": false},
      "measured": {...}}   # optional: the calibration's raw samples and setup, kept for the record
 
 Unknown keys in ``traits`` are an error (a typo would silently keep a default). A trait added later
-(``backpressure``, ``duplex_efficiency``) takes its default when a file lacks it, so older profiles stay loadable.
+(``backpressure``, ``duplex_efficiency``, ``pull_in_reply``) takes its default when a file lacks it, so older profiles stay loadable.
 """
 from __future__ import annotations
 
@@ -73,6 +73,12 @@ class EngineTraits:
     # busy too (the acknowledgements of one direction's TCP stream travel in the other, the engine's
     # threads serve both); 1: both directions at full rate at once. Only where ``duplex``.
     duplex_efficiency: float = 1.0
+    # The server answers each push with the key's merged values as soon as every worker pushed it: one
+    # request per key (MXNet's dist ``pushpull``, one ps-lite request), so no pull request is sent and
+    # none queues on the uplink behind later pushes; the pull leaves the server while later pushes
+    # still arrive. The schedulers still see ``pulls_follow_pushes`` (a key's values come back only
+    # after its push): this trait is the network's, not a scheduling rule. Only where ``stages`` is 2.
+    pull_in_reply: bool = False
 
     def __post_init__(self) -> None:
         _check(self.stages in (1, 2), "stages", self.stages, "1 (all-reduce) or 2 (push then pull)")
@@ -94,6 +100,9 @@ class EngineTraits:
                and 0.5 <= self.duplex_efficiency <= 1, "duplex_efficiency", self.duplex_efficiency,
                "a number in [0.5, 1] (1 = both directions at full rate at once)")
         _check(not (self.backpressure and self.stages != 2), "backpressure", self.backpressure,
+               "false unless stages is 2")
+        _check(isinstance(self.pull_in_reply, bool), "pull_in_reply", self.pull_in_reply, "true or false")
+        _check(not (self.pull_in_reply and self.stages != 2), "pull_in_reply", self.pull_in_reply,
                "false unless stages is 2")
 
     @property

@@ -153,9 +153,10 @@ class _Sync:
 
 
 class ScheduledKVStore(KVStoreBase):
-    # A key's pull is requested only once its push is acknowledged, over the same uplink as the pushes
-    # (dist_sync and BytePS alike): the store's traits say so, and Prophet follows the rules of
-    # docs/DESIGN.md for such engines.
+    # A key's values come back only after its push: the store's traits say so (pulls_follow_pushes), and
+    # Prophet follows the rules of docs/DESIGN.md for such engines. On dist_sync the values ride in the
+    # pushpull's reply (no pull request queued behind later pushes: the engine profile's pull_in_reply,
+    # docs/ENGINE.md), which the simulator models; the scheduling rules were not revisited for it.
     # Prophet's default atom: ByteScheduler's partition cut in this many (docs/MXNET.md, "Transport").
     atoms_per_partition = 4
     engine_name = "kvstore"

@@ -94,7 +94,9 @@ class ParameterServerNetwork(_Network):
     worker's queue drains only as the server's ingress takes the pushes (``workers / servers`` of them
     share it), so that request waits for the server to have every push queued before it: a burst of
     pushes completes before its first pull starts (docs/ENGINE.md). A server link's direction runs at
-    ``duplex_efficiency`` of its rate while the other direction is busy too."""
+    ``duplex_efficiency`` of its rate while the other direction is busy too. With ``pull_in_reply`` the
+    server answers the push with the values (MXNet's ``pushpull``): no pull request, the pull leaves
+    the server as soon as it has every worker's push."""
 
     def __init__(self, workers: int, traits: EngineTraits, conditions: Conditions, latency: float,
                  schedule, now) -> None:
@@ -116,7 +118,7 @@ class ParameterServerNetwork(_Network):
         if self.traits.backpressure:  # the worker's queue drains at the pace the server takes it
             up.free = pushed
         pushed += self.latency
-        if self.traits.pulls_follow_pushes:
+        if self.traits.pulls_follow_pushes and not self.traits.pull_in_reply:
             self._schedule(pushed, self._request_pull, (task, cost))
         else:
             self._pull(task, cost, pushed)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from byteps_prophet.calibrate.fit import fit_link, link_factor, service_samples, traits_from
+from byteps_prophet.calibrate.fit import burst_efficiency, fit_link, link_factor, service_samples, traits_from
 from byteps_prophet.core.engine import SCHEMA, load_engine, save_engine
 from byteps_prophet.errors import ConfigError
 
@@ -204,3 +204,56 @@ def test_cli_misuse_exits_2_with_one_line(tmp_path):
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and culprit in lines[0], proc.stderr
+
+
+def replies(raw, *, in_reply=True, efficiency=0.85, ops=6):
+    """The probe's pushpull phase of the engine ``raw`` describes: the small op before a large one
+    waits only its own round trip (``in_reply``) or the large push too; bursts of ``ops`` large ops
+    done when the simulator's network at ``efficiency`` would finish them (fit.burst_efficiency)."""
+    big = raw["alone"]["big"]["link_bytes"]
+    small = raw["alone"]["small"]["flight_s"][0]
+    push = COST + big / RATE
+    took = push * (2 + (ops - 1) * (2 - efficiency))
+    stream = [{"link_bytes": big, "issued": [20.0 * k] * ops,
+               "done": [20.0 * k + LATENCY + took * (i + 1) / ops for i in range(ops)]}
+              for k in range(3)]
+    return {"behind_s": [small + (0 if in_reply else push)] * 3, "big_alone_s": [LATENCY + 2 * push] * 3,
+            "stream": stream}
+
+
+def test_a_pull_in_the_reply_is_a_small_op_not_waiting_for_the_large_push():
+    """With pushpull the small op before a large one answered after its own round trip: pull in reply;
+    waiting the large push as its push + pull did: not. The duplex efficiency then comes from the
+    pushpull bursts (0.85 here), not from the staggered push/pull pair (3.25 transfers: 1)."""
+    raw = raw_output("kvstore")
+    raw["replies"] = replies(raw)
+    traits, derived = traits_from(raw, nominal_bytes_per_s=RATE)
+    assert traits.pull_in_reply and traits.pulls_follow_pushes  # the schedulers' rule stays as measured
+    assert traits.duplex_efficiency == pytest.approx(0.85, abs=1e-3)
+    assert [b[3] for b in derived["reply_bursts"]] == [pytest.approx(0.85, abs=1e-3)] * 3
+    raw["replies"] = replies(raw, in_reply=False)
+    traits, derived = traits_from(raw, nominal_bytes_per_s=RATE)
+    assert not traits.pull_in_reply and traits.duplex_efficiency == 1.0
+    assert not traits_from(raw_output("kvstore"), nominal_bytes_per_s=RATE)[0].pull_in_reply  # no phase: old
+    raw["replies"] = {"behind_s": [0.1], "stream": [{"issued": [0.0]}]}  # a burst without completions
+    with pytest.raises(ConfigError, match="'replies' is malformed"):
+        traits_from(raw, nominal_bytes_per_s=RATE)
+
+
+def test_burst_efficiency_is_the_one_the_simulators_network_finishes_the_burst_with():
+    """The fit's closed form against the simulator itself: a burst of pushpull ops through the network
+    at the fitted efficiency ends when the measured one did (the trait means what the model does)."""
+    from tests.sim.test_engine_traits import ps, task
+
+    from byteps_prophet.core import EngineTraits
+
+    for ops, e in ((6, 0.87), (8, 0.77), (4, 1.0)):
+        net, loop = ps(EngineTraits(stages=2, pulls_follow_pushes=True, backpressure=True, servers=1,
+                                    pull_in_reply=True, duplex_efficiency=e), workers=2)
+        for i in range(ops):
+            net.send(task(f"op{i}", 1_000_000))  # 2 ms through the server's ingress: two workers' pushes
+        took = max(loop.run().values())
+        assert burst_efficiency(ops, 0.002, took) == pytest.approx(e, abs=1e-9)
+    assert burst_efficiency(6, 0.002, 0.001) == 1.0 and burst_efficiency(6, 0.002, 1.0) == 0.5  # clamped
+    with pytest.raises(ConfigError, match="too short"):
+        burst_efficiency(1, 0.002, 0.004)

@@ -104,6 +104,31 @@ def test_duplex_efficiency_slows_a_direction_only_while_the_other_is_busy():
     assert loop.run()["a"] == pytest.approx(0.004)
 
 
+def test_a_pull_in_the_reply_does_not_queue_behind_later_pushes():
+    """The scenario of the first test, on an engine that answers the push with the values (MXNet's
+    pushpull): small's values leave the server as soon as its push is in (11 ms), not after a pull
+    request queued behind late's push (21 ms): done after its own pull, behind big's on the downlink
+    (big's pull from 10 ms, 10 ms; small's 1 ms): 21 ms, not 32. With back-pressure too (a burst of six
+    on two workers, each push 2 ms through the server): the first answer after two pushes' time (4 ms),
+    not after all six (14 ms); pushes keep their times."""
+    net, loop = ps(EngineTraits(stages=2, pulls_follow_pushes=True, pull_in_reply=True))
+    net.send(task("big", 10_000_000))
+    net.send(task("small", 1_000_000))
+    net.send(task("late", 10_000_000))
+    assert loop.run()["small"] == pytest.approx(0.021)
+    firsts = {}
+    for in_reply in (False, True):
+        net, loop = ps(EngineTraits(stages=2, pulls_follow_pushes=True, backpressure=True, servers=1,
+                                    pull_in_reply=in_reply), workers=2)
+        for i in range(6):
+            net.send(task(f"op{i}", 1_000_000))
+        done = loop.run()
+        firsts[in_reply] = done["op0"]
+        if in_reply:
+            assert max(done.values()) == pytest.approx(0.014)  # the last push at 12 ms, its answer 2 ms
+    assert firsts == {False: pytest.approx(0.014), True: pytest.approx(0.004)}
+
+
 def test_start_up_latency_delays_an_op_on_an_idle_link_only():
     net, loop = ps(EngineTraits(stages=2, startup_latency_s=0.005))
     net.send(task("a", 1_000_000))
@@ -197,6 +222,10 @@ def test_engine_profile_round_trip_and_one_line_errors(tmp_path):
             r"duplex_efficiency=0.2 is invalid; valid: a number in \[0.5, 1\]",
         f'{{"schema": "{SCHEMA}", "traits": {{"stages": 2, "duplex_efficiency": "high"}}}}':
             "duplex_efficiency='high' is invalid",
+        f'{{"schema": "{SCHEMA}", "traits": {{"stages": 2, "pull_in_reply": 1}}}}':
+            "pull_in_reply=1 is invalid; valid: true or false",
+        f'{{"schema": "{SCHEMA}", "traits": {{"stages": 1, "pull_in_reply": true}}}}':
+            "pull_in_reply=True is invalid; valid: false unless stages is 2",
         "not json": "is not readable JSON",
     }
     for text, message in cases.items():
