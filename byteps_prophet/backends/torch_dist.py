@@ -42,7 +42,7 @@ class TorchDistBackend(Backend):
             port = where.master_port(TORCH_STORE_PORT)
             from byteps_prophet.backends.channel import make_store
 
-            if self.name == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and where.interface:
+            if self.name == "gloo" and not where.gloo_interface and where.interface:
                 # In the cluster's namespaces the hostname resolves to loopback; use the host's link.
                 os.environ["GLOO_SOCKET_IFNAME"] = where.interface
 
