@@ -2,6 +2,9 @@
 
 Everything else receives a ``Settings``; nothing below the plugins reads ``os.environ`` itself.
 Invalid values raise ``ConfigError`` with a one-line message naming the variable and what is valid.
+The knobs the patched engine reads itself (``PS_ZMQ_IDLE_US``, ``BYTEPS_LOOP_IDLE_US``) are fields too,
+so a bad value fails here, before an engine starts. Where a process sits in the job is not a setting:
+``backends/rendezvous.py`` reads it; a cluster container's job is ``cluster/container.py``'s.
 """
 from __future__ import annotations
 
