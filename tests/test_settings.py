@@ -5,10 +5,18 @@ from pathlib import Path
 
 import pytest
 
+from byteps_prophet.cluster.container import VARIABLES, container
 from byteps_prophet.core.settings import ENVIRONMENT, PATHS, RENAMED, Settings
 from byteps_prophet.errors import ConfigError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _readme_table(heading: str) -> set[str]:
+    """The variables in the first column of the table under ``heading``."""
+    text = README.read_text().split(f"\n{heading}\n", 1)[1]
+    rows = [line for line in text.split("\n#", 1)[0].splitlines() if line.startswith("| `")]
+    return {name for line in rows for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1])}
 
 
 def test_every_field_has_one_variable_listed_in_the_readme_table():
@@ -16,9 +24,26 @@ def test_every_field_has_one_variable_listed_in_the_readme_table():
     assert set(ENVIRONMENT) == fields
     names = [name for name, _ in ENVIRONMENT.values()]
     assert len(set(names)) == len(names)
-    table = [line for line in README.read_text().splitlines() if line.startswith("| `")]
-    listed = {name for line in table for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1])}
-    assert set(names) <= listed, sorted(set(names) - listed)
+    assert set(names) == _readme_table("## Settings"), set(names) ^ _readme_table("## Settings")
+
+
+def test_every_container_variable_is_listed_in_its_readme_table():
+    names = [name for name, *_ in VARIABLES.values()]
+    assert len(set(names)) == len(names) and not set(names) & {n for n, _ in ENVIRONMENT.values()}
+    assert set(names) == _readme_table("### Cluster containers"), set(names) ^ _readme_table("### Cluster containers")
+
+
+@pytest.mark.parametrize("field", sorted(VARIABLES))
+def test_each_container_variable_is_read_and_checked(field):
+    name, default, *_ = VARIABLES[field]
+    other = {"engine": "mxnet", "link_bandwidth": "200mbit", "link_latency": "1ms", "link_device": "eth1",
+             "link_shaping": "0", "selftest_sizes": "5", "selftest_framework": "mxnet", "train_model": "mlp",
+             "train_command": "python -m x", "host": "h", "coordinator": "c", "coordinator_address": "a"}
+    assert getattr(container({name: other.get(field, "7")}), field) != getattr(container({}), field)
+    if field not in ("link_device", "train_model", "train_command", "host", "coordinator", "coordinator_address"):
+        with pytest.raises(ConfigError) as err:
+            container({name: "-1x"})
+        assert str(err.value).startswith(f"{name}='-1x' is invalid; valid: ") and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("field", sorted(ENVIRONMENT))
@@ -27,7 +52,7 @@ def test_each_variable_is_read(field):
     name, _ = ENVIRONMENT[field]
     default = getattr(Settings(), field)
     names = {"scheduler": "prophet", "prophet_mode": "paper", "link_monitor": "core", "backend": "gloo",
-             "trace": "/tmp/Trace-{rank}.json", "profile": "/tmp/P.json"}
+             "trace": "/tmp/Trace-{rank}.json", "profile": "/tmp/P.json", "socket_path": "/tmp/S"}
     other = {bool: "0" if default else "1", str: names.get(field), int: "7", float: "3.5"}[type(default)]
     if field in ("partition", "credit", "profile_iterations"):
         other = "7"

@@ -13,12 +13,12 @@ Backends never see the scheduler: the :class:`~byteps_prophet.backends.sync.Sync
 from __future__ import annotations
 
 import importlib
-import os
 
 from dataclasses import dataclass, field
 from typing import Any
 
 from byteps_prophet.core.engine import EngineTraits
+from byteps_prophet.core.settings import Settings
 from byteps_prophet.errors import ConfigError
 
 
@@ -120,17 +120,9 @@ class LocalBackend(Backend):
 
 
 def timeout_s(environ=None) -> float:
-    """``BYTEPS_PROPHET_TIMEOUT`` (seconds, default 300): how long a rank waits for its peers to
-    connect or answer before it fails, naming what it waited for."""
-    env = os.environ if environ is None else environ
-    raw = env.get("BYTEPS_PROPHET_TIMEOUT", "300")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1
-    if value <= 0:
-        raise ConfigError(f"BYTEPS_PROPHET_TIMEOUT={raw!r} is invalid; valid: a positive number of seconds")
-    return value
+    """``BYTEPS_PROPHET_TIMEOUT`` (Settings.timeout, seconds, default 300): how long a rank waits for
+    its peers to connect or answer before it fails, naming what it waited for."""
+    return Settings.from_env(environ).timeout
 
 
 def import_byteps(plugin: str, instead: str):

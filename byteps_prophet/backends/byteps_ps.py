@@ -33,6 +33,7 @@ import tempfile
 from byteps_prophet.backends.base import Backend, BackendError, Op, import_byteps
 from byteps_prophet.backends.channel import order_channel
 from byteps_prophet.core.engine import EngineTraits
+from byteps_prophet.core.settings import Settings
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import ConfigError
 
@@ -105,7 +106,7 @@ class BytePSTransport:
         self._owns_bps = init
         self._socket_dir = None
         self._closed = False
-        if init and ops_cls.private_socket and not os.environ.get("BYTEPS_SOCKET_PATH"):
+        if init and ops_cls.private_socket and not Settings.from_env().socket_path:
             self._socket_dir = tempfile.mkdtemp(prefix="bpp-bps-sock-")
             os.environ["BYTEPS_SOCKET_PATH"] = self._socket_dir
         try:

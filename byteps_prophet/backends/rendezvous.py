@@ -1,7 +1,8 @@
 """Where this process sits in the job, read from the environment in one place.
 
 The launchers say it in two dialects: torch's (``RANK``, ``WORLD_SIZE``) and BytePS/ps-lite's
-(``DMLC_ROLE``, ``DMLC_WORKER_ID``, ``DMLC_NUM_WORKER``, ``DMLC_INTERFACE``); both name worker 0's
+(``DMLC_ROLE``, ``DMLC_WORKER_ID``, ``DMLC_NUM_WORKER``, ``DMLC_NUM_SERVER``, ``DMLC_INTERFACE``;
+gloo's ``GLOO_SOCKET_IFNAME``); both name worker 0's
 address and a port on it with ``MASTER_ADDR``/``MASTER_PORT``, where worker 0 hosts torch's store or
 the order channel. :func:`rendezvous` reads them all, once per call, into a :class:`Rendezvous`; values
 are checked where they are used (a one-line error naming the variable and what is valid), so a
@@ -24,8 +25,10 @@ class Rendezvous:
     size_raw: str = ""  # WORLD_SIZE
     worker_id_raw: str = ""  # DMLC_WORKER_ID
     num_workers_raw: str = ""  # DMLC_NUM_WORKER
+    num_servers_raw: str = ""  # DMLC_NUM_SERVER
     role: str = ""  # DMLC_ROLE
     interface: str = ""  # DMLC_INTERFACE
+    gloo_interface: str = ""  # GLOO_SOCKET_IFNAME
     master_addr: str = ""  # MASTER_ADDR, "" when unset
     master_port_raw: str = ""  # MASTER_PORT
 
@@ -37,8 +40,10 @@ class Rendezvous:
             return (env.get(name) or "").strip()
 
         return cls(rank_raw=get("RANK"), size_raw=get("WORLD_SIZE"), worker_id_raw=get("DMLC_WORKER_ID"),
-                   num_workers_raw=get("DMLC_NUM_WORKER"), role=get("DMLC_ROLE"), interface=get("DMLC_INTERFACE"),
-                   master_addr=get("MASTER_ADDR"), master_port_raw=get("MASTER_PORT"))
+                   num_workers_raw=get("DMLC_NUM_WORKER"),
+                   num_servers_raw=get("DMLC_NUM_SERVER"), role=get("DMLC_ROLE"), interface=get("DMLC_INTERFACE"),
+                   gloo_interface=get("GLOO_SOCKET_IFNAME"), master_addr=get("MASTER_ADDR"),
+                   master_port_raw=get("MASTER_PORT"))
 
     def rank_and_size(self) -> tuple[int, int]:
         """``RANK``/``WORLD_SIZE``, else ``DMLC_WORKER_ID``/``DMLC_NUM_WORKER``, else 0/1."""
@@ -58,6 +63,14 @@ class Rendezvous:
         """``DMLC_WORKER_ID`` (the cluster's worker number), None when unset or not a number."""
         return int(self.worker_id_raw) if self.worker_id_raw.isdigit() else None
 
+    def num_servers(self, default: int = 0) -> int:
+        """``DMLC_NUM_SERVER`` (``default`` when unset): the parameter servers of a BytePS or KVStore job."""
+        return _count("DMLC_NUM_SERVER", self.num_servers_raw, default)
+
+    def num_workers(self, default: int = 1) -> int:
+        """``DMLC_NUM_WORKER`` (``default`` when unset), as the cluster's containers count them."""
+        return _count("DMLC_NUM_WORKER", self.num_workers_raw, default)
+
     @property
     def world_size(self) -> int:
         """``WORLD_SIZE`` as a number (1 when unset or not a number): is this a multi-worker torch job?"""
@@ -69,6 +82,14 @@ class Rendezvous:
         if not raw.isdigit() or not 0 < int(raw) < 65536:
             raise ConfigError(f"MASTER_PORT={raw!r} is invalid; valid: a TCP port number")
         return int(raw)
+
+
+def _count(name: str, raw: str, default: int) -> int:
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ConfigError(f"{name}={raw!r} is invalid; valid: an integer >= 0")
+    return int(raw)
 
 
 def rendezvous(environ=None) -> Rendezvous:

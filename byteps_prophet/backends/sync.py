@@ -269,3 +269,4 @@ class Synchroniser:
             self._waiter.join(timeout)
         if self.leader and self.channel is not None:
             self.channel.close()
+        self.channel = None  # its store is the backend's to release (torch_dist.py, close)

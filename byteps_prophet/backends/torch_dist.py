@@ -42,7 +42,7 @@ class TorchDistBackend(Backend):
             port = where.master_port(TORCH_STORE_PORT)
             from byteps_prophet.backends.channel import make_store
 
-            if self.name == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and where.interface:
+            if self.name == "gloo" and not where.gloo_interface and where.interface:
                 # In the cluster's namespaces the hostname resolves to loopback; use the host's link.
                 os.environ["GLOO_SOCKET_IFNAME"] = where.interface
 
@@ -112,3 +112,7 @@ class TorchDistBackend(Backend):
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
             self._owns_group = False
+        # The store (rank 0 hosts its server) goes now, not in the interpreter's teardown, where the
+        # plugin's objects (a cycle) outlive the user's script. Whether that is what aborted a rank
+        # now and then at exit is not shown (torch/bench.py, _leave_without_teardown)
+        self._store = None

@@ -434,9 +434,12 @@ def main(argv=None) -> int:
     p.add_argument("--backend", required=True, choices=sorted(ENGINES))
     p.add_argument("--rate", type=float, default=0.0, help="the shaped link rate, bytes/s (0: not shaped)")
     args = p.parse_args(argv)
-    workers = int(os.environ.get("DMLC_NUM_WORKER", os.environ.get("WORLD_SIZE", "1")))
-    servers = int(os.environ.get("DMLC_NUM_SERVER", "0")) if args.backend != "gloo" else 0
-    leader = os.environ.get("DMLC_WORKER_ID", os.environ.get("RANK", "0")) == "0"
+    from byteps_prophet.backends.rendezvous import rendezvous  # the one reader of the topology
+
+    where = rendezvous()
+    rank, workers = where.rank_and_size()
+    servers = where.num_servers() if args.backend != "gloo" else 0
+    leader = rank == 0
     from byteps_prophet.calibrate.fit import link_factor
 
     factor = link_factor(args.backend, workers, servers)

@@ -35,36 +35,21 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
 
-PORT = 9999
+from byteps_prophet.backends.rendezvous import rendezvous
+from byteps_prophet.cluster.container import container
+from byteps_prophet.errors import ConfigError
+
 STOP_GRACE = 3.0
 
 
 def say(text: str) -> None:
     print(f"agent: {text}", file=sys.stderr, flush=True)
-
-
-def _env_number(name: str, environ, kind: type, default):
-    """``name`` as a positive number of seconds (``kind`` float) or a non-negative integer (int);
-    ``default`` when unset; a one-line ValueError otherwise."""
-    text = environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = kind(text)
-    except ValueError:
-        value = -1
-    if kind is float and value <= 0:
-        raise ValueError(f"{name}={text!r} is not a positive number of seconds")
-    if value < 0:
-        raise ValueError(f"{name}={text!r} is not a non-negative integer")
-    return value
 
 
 def _describe_status(status: int) -> str:
@@ -142,19 +127,19 @@ class Channel:
 
 class Agent:
     def __init__(self, argv: list[str], environ=None) -> None:
-        env = os.environ if environ is None else environ
+        job, where = container(environ), rendezvous(environ)
         self.argv = argv
-        self.name = env.get("CLUSTER_HOST") or socket.gethostname()
-        self.role_name = env.get("DMLC_ROLE", "")
-        self.coordinator = env.get("CLUSTER_COORDINATOR", "worker-0")
-        self.coordinator_address = env.get("CLUSTER_COORDINATOR_ADDRESS") or self.coordinator
-        self.port = _env_number("CLUSTER_AGENT_PORT", env, int, PORT)
-        self.connect_timeout = _env_number("CLUSTER_CONNECT_TIMEOUT", env, float, 300.0)
-        self.grace = _env_number("CLUSTER_GRACE", env, float, 10.0)
-        self.timeout = _env_number("CLUSTER_TIMEOUT", env, float, None)
-        self.train = shlex.split(env.get("TRAIN_COMMAND", "")) if self.role_name == "worker" else []
-        self.workers = _env_number("DMLC_NUM_WORKER", env, int, 1)
-        self.servers = _env_number("DMLC_NUM_SERVER", env, int, 1)
+        self.name = job.host or socket.gethostname()
+        self.role_name = where.role
+        self.coordinator = job.coordinator
+        self.coordinator_address = job.coordinator_address or self.coordinator
+        self.port = job.agent_port
+        self.connect_timeout = job.connect_timeout
+        self.grace = job.grace
+        self.timeout = job.timeout
+        self.train = (job.train_command or []) if self.role_name == "worker" else []
+        self.workers = where.num_workers(1)
+        self.servers = where.num_servers(1)
         self.role = Role()
         self.verdict: int | None = None
         signal.signal(signal.SIGTERM, self._on_term)
@@ -352,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         agent = Agent(argv)
-    except ValueError as err:
+    except ConfigError as err:
         say(f"error: {err}")
         return 2
     if agent.role_name not in ("scheduler", "server", "worker"):

@@ -5,19 +5,19 @@ shapes both directions itself: egress on its device, ingress through an ifb devi
 traffic is redirected to. Same tbf/netem layout and units as the local cluster (half the latency
 on each direction, so host to host adds the whole latency one way).
 
-Settings come from the environment (the compose file sets them) or the options:
+Settings come from the environment (the compose file sets them; cluster/container.py reads them) or the options:
 LINK_BANDWIDTH (e.g. 1gbit, none), LINK_LATENCY (e.g. 0ms, 1ms), LINK_DEVICE (eth0),
 LINK_SHAPING=0 to leave the link alone.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from byteps_prophet.cluster import netns
+from byteps_prophet.cluster.container import container
 from byteps_prophet.units import format_bandwidth, format_latency, parse_bandwidth, parse_latency
-from byteps_prophet.errors import UserError
+from byteps_prophet.errors import ConfigError, UserError
 
 IFB = "bpp-ifb0"
 
@@ -45,13 +45,18 @@ def shape_own_link(device: str, bits: int | None, delay_us: int, warn=print) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        job = container()
+    except ConfigError as err:
+        print(f"linkshape: error: {err}", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="python -m byteps_prophet.cluster.linkshape",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default=os.environ.get("LINK_DEVICE", "eth0"))
-    parser.add_argument("--bandwidth", default=os.environ.get("LINK_BANDWIDTH"))
-    parser.add_argument("--latency", default=os.environ.get("LINK_LATENCY"))
+    parser.add_argument("--device", default=job.link_device)
+    parser.add_argument("--bandwidth", default=job.link_bandwidth)
+    parser.add_argument("--latency", default=job.link_latency)
     args = parser.parse_args(argv)
-    if os.environ.get("LINK_SHAPING", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not job.link_shaping:
         print("linkshape: LINK_SHAPING is off; link left unshaped")
         return 0
     try:

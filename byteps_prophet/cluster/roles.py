@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from byteps_prophet.core.settings import ENVIRONMENT
 from byteps_prophet.errors import ConfigError
 
 ENGINES = ("byteps", "mxnet")
@@ -21,9 +22,9 @@ DEFAULT_PORT = 9000
 
 # What a role never inherits from the caller unless the compose file or the run asks for it.
 _SCRUBBED_PREFIXES = ("DMLC_", "BYTEPS_", "BYTESCHEDULER_", "PROPHET_")
-# The scheduling knobs the caller passes through to every role (the A/B runner sets these).
-PASSTHROUGH_NAMES = ("BYTEPS_SCHEDULER", "BYTEPS_PROPHET_ATOM_ELEMENTS", "BYTEPS_PROPHET_PARTITION",
-                     "BYTEPS_PROPHET_LINK", "BYTEPS_PROPHET_OVERLAP", "BYTEPS_PROPHET_LAYERWISE")
+# The caller's Settings pass through to every role (the A/B runner sets these), all but the socket
+# directory: the roles share this host's file system, each BytePS worker keeps its own.
+PASSTHROUGH_NAMES = tuple(name for name, _ in ENVIRONMENT.values() if name != "BYTEPS_SOCKET_PATH")
 PASSTHROUGH_PREFIXES = ("BYTESCHEDULER_", "PROPHET_")
 # Set by the cluster; a compose file's values are replaced and a run's env may not set them.
 TOPOLOGY_KEYS = (

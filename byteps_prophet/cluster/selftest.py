@@ -11,9 +11,12 @@ It is the default worker command of docker/docker-compose.yml.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
+
+from byteps_prophet.backends.rendezvous import rendezvous
+from byteps_prophet.cluster.container import container, parse_sizes
+from byteps_prophet.errors import ConfigError
 
 
 def _expected(round_index: int, workers: int) -> float:
@@ -70,37 +73,30 @@ def _run_byteps_mxnet(sizes: list[int], rounds: int, worker_id: int):
         bps.shutdown()
 
 
-FRAMEWORKS = {"torch": _run_byteps_torch, "mxnet": _run_byteps_mxnet}  # byteps plugins
+BYTEPS_PLUGINS = {"torch": _run_byteps_torch, "mxnet": _run_byteps_mxnet}  # SELFTEST_FRAMEWORK
 
 
 def _sizes(text: str) -> list[int]:
     try:
-        sizes = [int(part) for part in text.split(",")]
+        return list(parse_sizes(text))
     except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers")
-    return sizes
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers") from None
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        job, worker_id = container(), rendezvous().worker_id or 0
+    except ConfigError as err:
+        print(f"selftest: {err}", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="python -m byteps_prophet.cluster.selftest")
-    parser.add_argument("--sizes", type=_sizes, default=os.environ.get("SELFTEST_SIZES", "7,262144"),
-                        help="float32 elements of each tensor, comma-separated (default 7,262144: a tiny "
-                             "one and 1 MiB, several partitions under a small BYTEPS_PARTITION_BYTES)")
-    parser.add_argument("--rounds", type=int, default=int(os.environ.get("SELFTEST_ROUNDS", 3)))
+    parser.add_argument("--sizes", type=_sizes, default=list(job.selftest_sizes),
+                        help="float32 elements of each tensor, comma-separated (default SELFTEST_SIZES or 7,262144: "
+                             "a tiny one and 1 MiB, several partitions under a small BYTEPS_PARTITION_BYTES)")
+    parser.add_argument("--rounds", type=int, default=job.selftest_rounds, help="default SELFTEST_ROUNDS or 3")
     args = parser.parse_args(argv)
-    engine = os.environ.get("ENGINE", "byteps").strip().lower()
-    worker_id = int(os.environ.get("DMLC_WORKER_ID", "0"))
-    if engine not in ("mxnet", "byteps"):
-        print(f"selftest: ENGINE={engine!r} is not an engine; valid: mxnet, byteps", file=sys.stderr)
-        return 2
-    framework = os.environ.get("SELFTEST_FRAMEWORK", "torch").strip().lower()
-    if framework not in FRAMEWORKS:
-        print(f"selftest: SELFTEST_FRAMEWORK={framework!r} is invalid; valid: {', '.join(FRAMEWORKS)}",
-              file=sys.stderr)
-        return 2
-    run = {"mxnet": _run_mxnet, "byteps": FRAMEWORKS[framework]}[engine]
+    engine, framework = job.engine, job.selftest_framework
+    run = {"mxnet": _run_mxnet, "byteps": BYTEPS_PLUGINS[framework]}[engine]
     start = time.monotonic()
     workers = 0
     for r, workers, values in run(args.sizes, args.rounds, worker_id):

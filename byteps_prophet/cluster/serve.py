@@ -1,6 +1,6 @@
 """Scheduler and server roles: ``python -m byteps_prophet.cluster.serve``.
 
-Reads ``ENGINE`` (byteps or mxnet) and replaces itself with the engine's parameter server, which
+Reads ``ENGINE`` (byteps or mxnet: cluster/container.py) and replaces itself with the engine's parameter server, which
 serves as scheduler or server according to ``DMLC_ROLE``:
 
 * byteps: ``python -c 'import byteps.server'``
@@ -14,17 +14,23 @@ from __future__ import annotations
 import os
 import sys
 
+from byteps_prophet.backends.rendezvous import rendezvous
+from byteps_prophet.cluster.container import container
+from byteps_prophet.core.settings import Settings
+from byteps_prophet.errors import ConfigError
+
 SERVER_IMPORTS = {"byteps": "import byteps.server", "mxnet": "import mxnet"}
 
 
 def main() -> int:
-    engine = os.environ.get("ENGINE", "byteps").strip().lower()
-    role = os.environ.get("DMLC_ROLE", "")
-    if engine not in SERVER_IMPORTS:
-        print(f"serve: ENGINE={engine!r} is not an engine; valid: {', '.join(SERVER_IMPORTS)}", file=sys.stderr)
+    try:
+        engine, role = container().engine, rendezvous().role
+        Settings.from_env()  # the engine reads PS_ZMQ_IDLE_US / BYTEPS_LOOP_IDLE_US itself: checked here first
+    except ConfigError as err:
+        print(f"serve: {err}", file=sys.stderr)
         return 2
     if role not in ("scheduler", "server"):
-        print(f"serve: DMLC_ROLE={role!r} must be scheduler or server", file=sys.stderr)
+        print(f"serve: DMLC_ROLE={role!r} is invalid; valid: scheduler, server", file=sys.stderr)
         return 2
     sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, "-c", SERVER_IMPORTS[engine]])

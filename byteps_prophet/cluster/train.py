@@ -17,20 +17,19 @@ from __future__ import annotations
 import os
 import sys
 
+from byteps_prophet.cluster.container import Container, container
+from byteps_prophet.core.settings import Settings
+from byteps_prophet.errors import ConfigError
+
 BENCHES = {"byteps": ("byteps_prophet.torch.bench", "byteps"), "mxnet": ("byteps_prophet.mxnet.bench", "kvstore")}
 
 
-def bench_argv(environ, extra: list[str]) -> list[str]:
-    engine = environ.get("ENGINE", "byteps").strip().lower()
-    if engine not in BENCHES:
-        raise ValueError(f"ENGINE={engine!r} is not an engine; valid: {', '.join(BENCHES)}")
-    module, backend = BENCHES[engine]
-    argv = [sys.executable, "-m", module, "--backend", backend,
-            "--model", environ.get("TRAIN_MODEL", "resnet"),
-            "--steps", environ.get("TRAIN_STEPS", "10"),
-            "--warmup", environ.get("TRAIN_WARMUP", "3")]
-    if environ.get("TRAIN_BATCH"):
-        argv += ["--batch", environ["TRAIN_BATCH"]]
+def bench_argv(job: Container, extra: list[str]) -> list[str]:
+    module, backend = BENCHES[job.engine]
+    argv = [sys.executable, "-m", module, "--backend", backend, "--model", job.train_model,
+            "--steps", str(job.train_steps), "--warmup", str(job.train_warmup)]
+    if job.train_batch is not None:
+        argv += ["--batch", str(job.train_batch)]
     return argv + extra
 
 
@@ -38,16 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--":
         argv = argv[1:]
+    env = dict(os.environ)  # the bench's: BYTEPS_SCHEDULER is prophet unless set
+    env["BYTEPS_SCHEDULER"] = env.get("BYTEPS_SCHEDULER", "").strip() or "prophet"
     try:
-        command = bench_argv(os.environ, argv)
-    except ValueError as err:
+        job, scheduler = container(env), Settings.from_env(env).scheduler
+    except ConfigError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
-    if not os.environ.get("BYTEPS_SCHEDULER", "").strip():
-        os.environ["BYTEPS_SCHEDULER"] = "prophet"
-    print(f"train: {os.environ['BYTEPS_SCHEDULER']} on {os.environ.get('ENGINE', 'byteps')}: "
-          f"{' '.join(command[1:])}", file=sys.stderr, flush=True)
-    os.execv(command[0], command)
+    command = bench_argv(job, argv)
+    print(f"train: {scheduler} on {job.engine}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    os.execve(command[0], command, env)
     return 0  # not reached
 
 

@@ -2,6 +2,9 @@
 
 Everything else receives a ``Settings``; nothing below the plugins reads ``os.environ`` itself.
 Invalid values raise ``ConfigError`` with a one-line message naming the variable and what is valid.
+The knobs the patched engine reads itself (``PS_ZMQ_IDLE_US``, ``BYTEPS_LOOP_IDLE_US``) are fields too,
+so a bad value fails here, before an engine starts. Where a process sits in the job is not a setting:
+``backends/rendezvous.py`` reads it; a cluster container's job is ``cluster/container.py``'s.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ BACKENDS = ("gloo", "nccl", "byteps", "local")  # the torch plugin's (backends.m
 RENAMED = {"PROPHET_MXNET_ATOM_ELEMENTS": "BYTEPS_PROPHET_ATOM_ELEMENTS",
            "PROPHET_MXNET_TIMELINE": "BYTEPS_PROPHET_TRACE"}
 # Fields whose value is a path: kept as written (other strings are names, read case-insensitively).
-PATHS = ("trace", "profile")
+PATHS = ("trace", "profile", "socket_path")
 
 DEFAULT_PARTITION = 1_000_000  # elements, as in ByteScheduler
 DEFAULT_CREDIT = 4_000_000  # elements, as in ByteScheduler
@@ -55,30 +58,30 @@ class Settings:
     # Diagnostics.
     trace: str = ""  # PATH ({rank} replaced): each rank's events as Chrome trace JSON (core/trace.py); "" = none
     profile: str = ""  # PATH ({rank} replaced): the recorded profile (docs/PROFILE.md); "" = none
+    # Every backend: how long a rank waits for its peers to connect or answer before it fails.
+    timeout: float = 300.0
+    # Read by the patched engine itself (patch 0011), validated here so a typo fails in one line
+    # instead of the engine's atoll reading it as 0: the longest idle sleep, microseconds.
+    zmq_idle_us: int = 1000  # ps-lite receive threads, every role; 0 = spin
+    loop_idle_us: int = 1000  # BytePS's core loops; 1 = the unpatched 1 us sleep
+    # BytePS-MXNet's socket directory; "" = a private temporary one (backends/byteps_ps.py)
+    socket_path: str = ""
 
     def __post_init__(self) -> None:
-        if self.scheduler not in SCHEDULERS:
-            raise ConfigError(
-                f"BYTEPS_SCHEDULER={self.scheduler!r} is not a scheduler; valid: {', '.join(SCHEDULERS)}"
-            )
-        if self.prophet_mode not in PROPHET_MODES:
-            raise ConfigError(
-                f"PROPHET_MODE={self.prophet_mode!r} is not a mode; valid: {', '.join(PROPHET_MODES)}"
-            )
-        _require(self.partition > 0, "BYTESCHEDULER_PARTITION", self.partition, "a positive integer (elements)")
-        _require(self.credit > 0, "BYTESCHEDULER_CREDIT", self.credit, "a positive integer (elements)")
-        _require(self.boundary_factor > 1, "PROPHET_BOUNDARY_FACTOR", self.boundary_factor, "a number > 1")
-        _require(self.profile_iterations >= 1, "PROPHET_PROFILE_ITERATIONS", self.profile_iterations, "an integer >= 1")
-        _require(0 < self.drift_tolerance < 10, "PROPHET_DRIFT_TOLERANCE", self.drift_tolerance, "a number in (0, 10)")
-        _require(self.min_chunk_bytes >= 0, "PROPHET_MIN_CHUNK_BYTES", self.min_chunk_bytes, "an integer >= 0")
-        _require(self.max_chunk_bytes >= 0, "PROPHET_MAX_CHUNK_BYTES", self.max_chunk_bytes, "an integer >= 0")
-        _require(self.atom_elements >= 0, "BYTEPS_PROPHET_ATOM_ELEMENTS", self.atom_elements,
-                 "an integer >= 0 (elements; 0 = the engine's default)")
-        _require(self.link_monitor in LINK_MONITORS, "BYTEPS_PROPHET_LINK", self.link_monitor,
-                 ", ".join(LINK_MONITORS))
-        _require(self.prophet_partition >= -1, "BYTEPS_PROPHET_PARTITION", self.prophet_partition,
-                 ENVIRONMENT["prophet_partition"][1])
-        _require(self.backend in ("", *BACKENDS), "BYTEPS_PROPHET_BACKEND", self.backend, ", ".join(BACKENDS))
+        """Each field in its range, else a one-line ConfigError naming its variable and what is valid."""
+        ok = {"scheduler": self.scheduler in SCHEDULERS, "prophet_mode": self.prophet_mode in PROPHET_MODES,
+              "partition": self.partition > 0, "credit": self.credit > 0,
+              "boundary_factor": self.boundary_factor > 1, "profile_iterations": self.profile_iterations >= 1,
+              "drift_tolerance": 0 < self.drift_tolerance < 10, "min_chunk_bytes": self.min_chunk_bytes >= 0,
+              "max_chunk_bytes": self.max_chunk_bytes >= 0, "atom_elements": self.atom_elements >= 0,
+              "link_monitor": self.link_monitor in LINK_MONITORS, "prophet_partition": self.prophet_partition >= -1,
+              "backend": self.backend in ("", *BACKENDS), "timeout": self.timeout > 0,
+              "zmq_idle_us": self.zmq_idle_us >= 0, "loop_idle_us": self.loop_idle_us >= 1}
+        for field, good in ok.items():
+            if not good:
+                name, valid = ENVIRONMENT[field]
+                what = {"scheduler": "is not a scheduler", "prophet_mode": "is not a mode"}.get(field, "is invalid")
+                raise ConfigError(f"{name}={getattr(self, field)!r} {what}; valid: {valid}")
 
     def replace(self, **changes) -> "Settings":
         return dataclasses.replace(self, **changes)
@@ -111,7 +114,7 @@ ENVIRONMENT = {
     "drift_tolerance": ("PROPHET_DRIFT_TOLERANCE", "a number in (0, 10)"),
     "min_chunk_bytes": ("PROPHET_MIN_CHUNK_BYTES", "an integer >= 0"),
     "max_chunk_bytes": ("PROPHET_MAX_CHUNK_BYTES", "an integer >= 0"),
-    "atom_elements": ("BYTEPS_PROPHET_ATOM_ELEMENTS", "an integer >= 0 (elements)"),
+    "atom_elements": ("BYTEPS_PROPHET_ATOM_ELEMENTS", "an integer >= 0 (elements; 0 = the engine's default)"),
     "link_monitor": ("BYTEPS_PROPHET_LINK", ", ".join(LINK_MONITORS)),
     "prophet_partition": ("BYTEPS_PROPHET_PARTITION", "an integer >= 0 (elements; 0 = BYTESCHEDULER_PARTITION)"),
     "backend": ("BYTEPS_PROPHET_BACKEND", ", ".join(BACKENDS)),
@@ -120,6 +123,10 @@ ENVIRONMENT = {
     "fuse": ("BYTEPS_PROPHET_FUSE", "0, 1"),
     "trace": ("BYTEPS_PROPHET_TRACE", "a file path ({rank} is replaced by the rank)"),
     "profile": ("BYTEPS_PROPHET_PROFILE", "a file path ({rank} is replaced by the rank)"),
+    "timeout": ("BYTEPS_PROPHET_TIMEOUT", "a positive number of seconds"),
+    "zmq_idle_us": ("PS_ZMQ_IDLE_US", "an integer >= 0 (microseconds; 0 = spin)"),
+    "loop_idle_us": ("BYTEPS_LOOP_IDLE_US", "an integer >= 1 (microseconds; 1 = the unpatched loop)"),
+    "socket_path": ("BYTEPS_SOCKET_PATH", "a directory path"),
 }
 
 
@@ -143,11 +150,6 @@ def _renamed(env: Mapping[str, str]) -> Mapping[str, str]:
         if not merged.get(new, "").strip():
             merged[new] = merged[name]
     return merged
-
-
-def _require(ok: bool, name: str, value, valid: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name}={value!r} is invalid; valid: {valid}")
 
 
 def _parse(env: Mapping[str, str], name: str, kind, default, valid: str):

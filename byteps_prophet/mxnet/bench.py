@@ -32,6 +32,7 @@ import sys
 import time
 import weakref
 
+from byteps_prophet.backends.rendezvous import rendezvous
 from byteps_prophet.errors import UserError
 
 BACKENDS = ("kvstore", "byteps", "local")
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> dict | None:
             raise UserError(f"--tune-credit tunes ByteScheduler's credit but BYTEPS_SCHEDULER={settings.scheduler}; "
                             f"valid: BYTEPS_SCHEDULER=bytescheduler")
         probes = parse_probes(args.tune_probes or "6,3")
-    if "DMLC_ROLE" not in os.environ and args.kvstore.startswith("dist") and args.backend != "local":
+    if not rendezvous().role and args.kvstore.startswith("dist") and args.backend != "local":
         raise UserError("no DMLC_ROLE: run under `byteps-prophet cluster run --engine mxnet` or "
                         "`python -m byteps_prophet.mxnet.launch`")
     import mxnet as mx
@@ -246,7 +247,8 @@ def comm_only(args, kv) -> dict:
     keys = list(range(len(params)))
     kv.init(keys, outs)
     mx.nd.waitall()
-    leader = int(os.environ.get("DMLC_WORKER_ID", kv.rank)) == 0
+    worker_id = rendezvous().worker_id
+    leader = (kv.rank if worker_id is None else worker_id) == 0
 
     def one_step() -> None:
         for key in reversed(keys):
@@ -315,7 +317,7 @@ class _Alone:
     num_workers = 1
 
     def __init__(self) -> None:
-        self.rank = int(os.environ.get("DMLC_WORKER_ID", "0"))
+        self.rank = rendezvous().worker_id or 0
         self.leader = self.rank == 0
 
 

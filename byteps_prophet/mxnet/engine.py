@@ -67,12 +67,9 @@ class EngineGate:
 
     def release(self, token: int, action: Callable[[], None] | None = None) -> None:
         action = action or (lambda: None)
-        with self._lock:
-            callback = self._started.pop(token, None)
-            if callback is None:
-                self._released[token] = action
-                return
-        self._finish(callback, action)
+        callback = self._meet(token, self._released, action, self._started)
+        if callback is not None:
+            self._finish(callback, action)
 
     @property
     def open_gates(self) -> int:
@@ -81,13 +78,18 @@ class EngineGate:
 
     def _on_start(self, _rctx, on_complete, param) -> None:
         callback = _completion(on_complete)
-        token = param or 0
+        action = self._meet(param or 0, self._started, callback, self._released)
+        if action is not None:
+            self._finish(callback, action)
+
+    def _meet(self, token: int, mine: dict, value, theirs: dict):
+        """A gate opens when both its start (the engine's) and its release (ours) have come, in
+        either order: the first leaves ``value`` in ``mine``; the second gets the first's from ``theirs``."""
         with self._lock:
-            action = self._released.pop(token, None)
-            if action is None:
-                self._started[token] = callback
-                return
-        self._finish(callback, action)
+            other = theirs.pop(token, None)
+            if other is None:
+                mine[token] = value
+            return other
 
     def _finish(self, callback: tuple[int, int, int], action: Callable[[], None]) -> None:
         try:

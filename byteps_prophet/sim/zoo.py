@@ -60,6 +60,16 @@ class TensorSpec(TensorSize):
     itemsize: int = 4  # bytes per gradient element (float32 unless a recorded profile says otherwise)
 
 
+class _Total:
+    """A read-only attribute of a model: the sum of one field over its tensors."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __get__(self, model, owner=None):
+        return self if model is None else sum(getattr(t, self.field) for t in model.tensors)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A model: its parameter tensors in forward order (index 0 = first layer)."""
@@ -68,23 +78,11 @@ class ModelSpec:
     tensors: tuple[TensorSpec, ...]
     default_batch: int
 
-    @property
-    def params(self) -> int:
-        return sum(t.numel for t in self.tensors)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
-
-    @property
-    def fwd_flops(self) -> float:
-        """Forward FLOPs per sample, all tensors."""
-        return sum(t.fwd_flops for t in self.tensors)
-
-    @property
-    def bwd_flops(self) -> float:
-        """Backward FLOPs per sample, all tensors."""
-        return sum(t.bwd_flops for t in self.tensors)
+    # Totals over the tensors: parameters, bytes, and FLOPs per sample of the forward and the backward.
+    params = _Total("numel")
+    nbytes = _Total("nbytes")
+    fwd_flops = _Total("fwd_flops")
+    bwd_flops = _Total("bwd_flops")
 
 
 class _Builder:
@@ -206,10 +204,16 @@ def _vgg16() -> ModelSpec:
         else:
             b.conv(f"features.{idx}", v, 3, 1, 1, bias=True, relu=True)
             idx += 2  # conv, ReLU
-    b.linear("classifier.0", 512 * 7 * 7, 4096, relu=True)
-    b.linear("classifier.3", 4096, 4096, relu=True)
-    b.linear("classifier.6", 4096, 1000)
+    _classifier(b, 512 * 7 * 7, (0, 3, 6))
     return b.build("vgg16", 32)
+
+
+def _classifier(b: "_Builder", features: int, numbers: tuple[int, int, int]) -> None:
+    """The head vgg16 and alexnet share: two 4096-wide ReLU layers, then 1000 classes
+    (``classifier.N`` numbered as their nn.Sequential numbers them, dropout included)."""
+    b.linear(f"classifier.{numbers[0]}", features, 4096, relu=True)
+    b.linear(f"classifier.{numbers[1]}", 4096, 4096, relu=True)
+    b.linear(f"classifier.{numbers[2]}", 4096, 1000)
 
 
 def _alexnet() -> ModelSpec:
@@ -225,9 +229,7 @@ def _alexnet() -> ModelSpec:
     b.conv("features.10", 256, 3, 1, 1, bias=True, relu=True)
     b.pool(3, 2)
     assert (b.c, b.h, b.w) == (256, 6, 6)
-    b.linear("classifier.1", 256 * 6 * 6, 4096, relu=True)
-    b.linear("classifier.4", 4096, 4096, relu=True)
-    b.linear("classifier.6", 4096, 1000)
+    _classifier(b, 256 * 6 * 6, (1, 4, 6))
     return b.build("alexnet", 32)
 
 

@@ -29,3 +29,11 @@ def test_worker_id_role_and_world_size():
     assert (where.worker_id, where.role, where.world_size, where.master_addr) == (1, "worker", 4, "10.0.0.2")
     assert rendezvous({"DMLC_WORKER_ID": "a"}).worker_id is None
     assert rendezvous({}).world_size == 1 and rendezvous({}).master_addr == ""
+
+
+def test_server_and_worker_counts_and_gloos_interface():
+    where = rendezvous({"DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "3", "GLOO_SOCKET_IFNAME": " eth1 "})
+    assert (where.num_servers(), where.num_workers(), where.gloo_interface) == (2, 3, "eth1")
+    assert (rendezvous({}).num_servers(), rendezvous({}).num_servers(1), rendezvous({}).num_workers()) == (0, 1, 1)
+    with pytest.raises(ConfigError, match="DMLC_NUM_SERVER='two' is invalid; valid: an integer >= 0"):
+        rendezvous({"DMLC_NUM_SERVER": "two"}).num_servers()

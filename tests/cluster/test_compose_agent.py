@@ -119,7 +119,7 @@ def test_the_coordinators_own_failure_and_sigterm(tmp_path):
 
 @pytest.mark.parametrize("env, fragment", [
     ({"DMLC_ROLE": "boss"}, "DMLC_ROLE='boss' is not a role; valid: scheduler, server, worker"),
-    ({"DMLC_ROLE": "worker", "CLUSTER_GRACE": "soon"}, "CLUSTER_GRACE='soon' is not a positive number"),
+    ({"DMLC_ROLE": "worker", "CLUSTER_GRACE": "soon"}, "CLUSTER_GRACE='soon' is invalid; valid: a positive number of seconds"),
 ])
 def test_bad_settings_are_one_line_and_exit_2(env, fragment):
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet.cluster.agent", "true"],
