@@ -225,19 +225,23 @@ class Probe:
     def stream(self) -> list[dict]:
         groups = []
         for rep in range(REPS):
-            for si, count in enumerate(self.e.counts):
+            for si in range(len(self.e.counts)):
                 self.e.barrier()
-                issued, handles = [], []
-                for slot in range(count):
-                    issued.append(self.now())
-                    handles.append(self.e.start(si, slot))
-                done = []
-                for h in handles:
-                    self.e.wait(h)
-                    done.append(self.now())
-                groups.append({"size_index": si, "tensor_bytes": SIZES[si] * 4, "link_bytes": self.link_bytes(si),
-                               "rep": rep, "issued": _r(issued), "done": _r(done)})
+                groups.append(self._burst(self.e.start, si, rep))
         return groups
+
+    def _burst(self, start, si: int, rep: int) -> dict:
+        """Every slot of size ``si`` issued at once through ``start``; when each was issued and done."""
+        issued, handles = [], []
+        for slot in range(self.e.counts[si]):
+            issued.append(self.now())
+            handles.append(start(si, slot))
+        done = []
+        for h in handles:
+            self.e.wait(h)
+            done.append(self.now())
+        return {"size_index": si, "tensor_bytes": SIZES[si] * 4, "link_bytes": self.link_bytes(si),
+                "rep": rep, "issued": _r(issued), "done": _r(done)}
 
     def _alone(self, si: int, reps: int) -> list[float]:
         flights = []
@@ -326,16 +330,7 @@ class Probe:
             for si in (big, mid):
                 self.e.barrier()
                 time.sleep(PAUSE_S)
-                issued, handles = [], []
-                for slot in range(self.e.counts[si]):
-                    issued.append(self.now())
-                    handles.append(start(si, slot))
-                done = []
-                for h in handles:
-                    self.e.wait(h)
-                    done.append(self.now())
-                groups.append({"size_index": si, "tensor_bytes": SIZES[si] * 4, "link_bytes": self.link_bytes(si),
-                               "rep": rep, "issued": _r(issued), "done": _r(done)})
+                groups.append(self._burst(start, si, rep))
         return {"small_link_bytes": self.link_bytes(0), "big_link_bytes": self.link_bytes(big),
                 "behind_s": _r(behind), "big_alone_s": _r(alone), "stream": groups,
                 "windowed": self._windowed(big)}
