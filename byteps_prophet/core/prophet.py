@@ -215,7 +215,7 @@ class Prophet(ByteScheduler):
                     self._wake_at(wake)
                     return
             if bandwidth is None:
-                bandwidth, cost = self.bandwidth.rate_and_cost()
+                bandwidth, cost = self.bandwidth.rate_and_cost(self._fuse)
                 latencies = FUSION_LATENCIES if self._fuse else FLOOR_LATENCIES
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, latencies * bandwidth * cost)
             drain = start >= end + latency
