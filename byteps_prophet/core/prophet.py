@@ -60,8 +60,8 @@ class Prophet(ByteScheduler):
         # Where a message costs a collective (all-reduce), the transport carries several pieces as one
         # and the user asks (BYTEPS_PROPHET_FUSE, in training and in the simulator alike): fuse the most
         # urgent pending pieces up to the chunk (DESIGN.md, "Fused collectives").
-        self._fuse = (settings.fuse and not traits.is_parameter_server and self.mode != "paper"
-                      and bool(getattr(transport, "accepts_fused", False)))
+        self._fuse = self.fuses = (settings.fuse and not traits.is_parameter_server and self.mode != "paper"
+                                   and bool(getattr(transport, "accepts_fused", False)))
         self._plan: StepProfile | None = None
         self._sizes: dict[int, int] = {}  # bytes of each gradient, as last posted
         self._iteration: int | None = None
