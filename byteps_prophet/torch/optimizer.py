@@ -209,7 +209,7 @@ class _Engine:
                                              device=str(self.params[0].param.device) if self.params else "cpu",
                                              world_size=backend.size, warmup=2,
                                              meta={"scheduler": settings.scheduler, "backend": backend.name,
-                                                   "rank": backend.rank})
+                                                   "rank": backend.rank, "fuse": settings.fuse})
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
         self._global_hooks = [register_module_forward_pre_hook(self._pre_forward)]
