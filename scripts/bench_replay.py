@@ -74,13 +74,13 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "byteps_prophet", *args]
 
 
-def run(argv: list[str], *, locked: bool, timeout: float) -> subprocess.CompletedProcess:
+def run(argv: list[str], *, locked: bool, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``argv``; a timed one under the lock. ``timeout`` counts from when it runs, not while it waits
     for the lock (other developers' jobs can hold it for many minutes)."""
     limit = ["timeout", "--kill-after=30", str(int(timeout))]
     full = (["flock", LOCK] if locked else []) + limit + argv
     log("$ " + " ".join(full))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     proc = subprocess.run(full, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
@@ -214,12 +214,15 @@ def _replay(names: list[str], iterations: int, overrides: dict | None, scratch) 
             profile = os.path.relpath(folder / r["profile"], ROOT)  # commands in the results run from the root
             argv = cli("simulate", "--profile", profile, "--workers", "2", *arch, *link,
                        "--scheduler", r["variant"], "--iterations", str(iterations), "--json")
-            proc = run(argv, locked=False, timeout=600)
+            # Prophet's fusion as recorded (BYTEPS_PROPHET_FUSE, in the profile's meta since 33's fusion
+            # work; recordings without it did not fuse): a replay of an unfused run must not fuse
+            fuse = "1" if json.loads((ROOT / profile).read_text()).get("meta", {}).get("fuse") else "0"
+            proc = run(argv, locked=False, timeout=600, env={"BYTEPS_PROPHET_FUSE": fuse})
             sim = json.loads(proc.stdout)
             predicted = sim["results"][r["variant"]]["iter_ms"] / 1e3
             rows.append({"variant": r["variant"], "round": r["round"], "measured_s": round(r["step_s"], 4),
                          "predicted_s": round(predicted, 4), "error": round(predicted / r["step_s"] - 1, 4),
-                         "command": "byteps-prophet " + " ".join(str(a) for a in argv[3:])})
+                         "command": f"BYTEPS_PROPHET_FUSE={fuse} byteps-prophet " + " ".join(str(a) for a in argv[3:])})
         variants = per_variant_errors(rows)
         results["configs"][name] = {"rows": rows, "variants": variants, **orders(rows),
                                     "within_target": all(abs(v["error"]) <= TARGET for v in variants.values()),

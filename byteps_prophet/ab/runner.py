@@ -41,7 +41,10 @@ DDP, DDP_TUNED, BYTEPS_STOCK = "ddp", "ddp_tuned", "byteps_stock"
 BASELINES = (DDP, DDP_TUNED, BYTEPS_STOCK)
 BASELINE_BACKENDS = {DDP: ("torch", "gloo"), DDP_TUNED: ("torch", "gloo"), BYTEPS_STOCK: ("torch", "byteps")}
 BUCKET_SWEEP_MB = "0.5,1,2,5,10,25,50"
-CHOICES = VARIANTS + BASELINES + (COMPUTE_ONLY, COMM_ONLY)
+# Opt-in: Prophet with its fused collectives forced on or off (BYTEPS_PROPHET_FUSE=1 / 0 for that run
+# only), so that fusion can be decided in one interleaved A/B (docs/DESIGN.md, "Fused collectives").
+PROPHET_FUSE = {"prophet_fused": "1", "prophet_unfused": "0"}
+CHOICES = VARIANTS + tuple(PROPHET_FUSE) + BASELINES + (COMPUTE_ONLY, COMM_ONLY)
 REFERENCES = (COMPUTE_ONLY, COMM_ONLY)
 BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
 MXNET_SCALABLE = ("vgg", "transformer", "mlp")  # = mxnet.models.SCALABLE, without importing mxnet
@@ -148,6 +151,8 @@ def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, 
 def variant_env(variant: str, tuned_credit: int | None) -> dict[str, str]:
     if variant in REFERENCES or variant in BASELINES:
         return {"BYTEPS_SCHEDULER": "fifo"}
+    if variant in PROPHET_FUSE:
+        return {"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_FUSE": PROPHET_FUSE[variant]}
     env = {"BYTEPS_SCHEDULER": "bytescheduler" if variant.startswith("bytescheduler") else variant}
     if variant == "bytescheduler_tuned":
         if tuned_credit is None:
@@ -185,7 +190,7 @@ class ABRunner:
     def _check_warmup(self) -> None:
         """Prophet schedules by its profile only after profiling; a shorter warm-up measures it partly
         under ByteScheduler's credit (its fallback), which is not its steady state."""
-        if "prophet" not in self.cfg.variants:
+        if not {"prophet", *PROPHET_FUSE} & set(self.cfg.variants):
             return
         from byteps_prophet.core import Settings
 
@@ -336,7 +341,9 @@ PAIRS = (("prophet", "fifo"), ("prophet", "bytescheduler"), ("prophet", "bytesch
          # against what a torch user runs instead (BASELINES)
          ("prophet", DDP), ("prophet", DDP_TUNED), ("fifo", DDP), ("bytescheduler", DDP),
          ("bytescheduler_tuned", DDP), (DDP_TUNED, DDP), ("prophet", BYTEPS_STOCK), ("fifo", BYTEPS_STOCK),
-         ("bytescheduler", BYTEPS_STOCK))
+         ("bytescheduler", BYTEPS_STOCK),
+         ("prophet_fused", "prophet_unfused"), ("prophet_fused", "prophet"), ("prophet_fused", DDP),
+         ("prophet_unfused", DDP), ("prophet_fused", DDP_TUNED), ("prophet_unfused", DDP_TUNED))
 
 
 def summarize(cfg: ABConfig, runs: list[dict], *, netns: bool | None, environment: dict, tuning: dict | None,

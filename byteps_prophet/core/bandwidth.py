@@ -137,8 +137,9 @@ class BandwidthMonitor:
             return 1.0 / fit[1]
         return max(self._rates) if self._rates else None
 
-    def rate_and_cost(self) -> tuple[float | None, float]:
-        """``(bytes_per_s, message_cost)`` from one fit: what a scheduler reads per decision."""
+    def rate_and_cost(self, collective: bool = False) -> tuple[float | None, float]:
+        """``(bytes_per_s, message_cost)`` from one fit: what a scheduler reads per decision (the same
+        for a fused collective: ``collective`` matters to ``LinkMonitor`` only)."""
         fit = self._fit()
         if fit is not None:
             return 1.0 / fit[1], fit[0]

@@ -58,6 +58,9 @@ class LinkMonitor(BandwidthMonitor):
         self._lm_delivered = 0
         self._lm_rates: deque[float] = deque(maxlen=self._window // 2)
         self._lm_line = RunningFit(self._window)
+        # Two back-to-back completions in a row: their mean service (``rate_and_cost(collective=True)``)
+        self._lm_pairs = RunningFit(self._window)
+        self._lm_pair_from: tuple[float, int] | None = None  # the last sample's (gap start, bytes)
         self._lm_latency: deque[float] = deque(maxlen=self._window // 2)
         self._lm_last_finish = float("-inf")
         self._lm_fit_at = -1
@@ -83,7 +86,12 @@ class LinkMonitor(BandwidthMonitor):
             self._follow_shift(float(task.nbytes), now - last)  # judged against the fit before it
             self._lm_line.add(float(task.nbytes), now - last)
             self._lm_fit_at = -1  # that fit is cached under this completion's count: refit with the sample
+            if self._lm_pair_from is not None:
+                before, nbytes = self._lm_pair_from
+                self._lm_pairs.add((nbytes + task.nbytes) / 2, (now - before) / 2)
+            self._lm_pair_from = (last, task.nbytes)
         else:
+            self._lm_pair_from = None
             rate = self.bytes_per_s
             if rate:
                 self._lm_latency.append(max(0.0, (now - sent_at) - self.serializations * task.nbytes / rate))
@@ -105,6 +113,7 @@ class LinkMonitor(BandwidthMonitor):
         if abs(run) >= SHIFT_RUN:  # this sample and the SHIFT_RUN - 1 before it: the link changed
             keep = SHIFT_RUN - 1
             self._lm_line.keep_last(keep)
+            self._lm_pairs.keep_last(keep)
             rates = list(self._lm_rates)[-SHIFT_RUN:]
             self._lm_rates.clear()
             self._lm_rates.extend(rates)
@@ -139,7 +148,13 @@ class LinkMonitor(BandwidthMonitor):
     def message_cost(self) -> float:
         return self.rate_and_cost()[1]
 
-    def rate_and_cost(self) -> tuple[float | None, float]:
+    def rate_and_cost(self, collective: bool = False) -> tuple[float | None, float]:
+        """``(bytes_per_s, message_cost)``. With ``collective`` (Prophet's fused collectives), the cost
+        is calibrate's (``calibrate.fit.fit_link``: the intercept of the line through back-to-back
+        services, each averaged over consecutive completions) instead of the low quantile below:
+        gloo runs two collectives at once and completes them in pairs, so every other back-to-back
+        gap is nearly 0, and that quantile, and a line through single gaps, read 0 or little
+        (docs/DESIGN.md, "Fused collectives", "The cost fusion reads")."""
         fit = self._fit()
         peak = max(self._lm_rates) if self._lm_rates else None
         if fit is None:
@@ -154,6 +169,11 @@ class LinkMonitor(BandwidthMonitor):
         # start-up latency, and a cost fitted through those gaps would keep the ops few and the
         # latency exposed (a feedback loop measured at 1 Gbit/s: 5-7 ms fitted, small ops sent one at
         # a time, 10-20 ms each). A low quantile of the residuals breaks it.
+        if collective:
+            pairs = self._lm_pairs.fit(flat_through_origin=True)
+            if pairs is None:
+                return rate, 0.0
+            return (min(1.0 / pairs[1], peak) if peak is not None else 1.0 / pairs[1]), pairs[0]
         slope = fit[1]
         residuals = sorted(max(0.0, y - x * slope) for x, y in self._lm_line.samples)
         cost = residuals[len(residuals) // 10] if residuals else 0.0

@@ -26,6 +26,11 @@ KEEPS_UP_BACKLOG = 0.1  # of the step's bytes: DESIGN.md, "Link keeps up"
 KEEPS_UP_ITERATIONS = 5  # the rate that decides it: one that this many of the last
 KEEPS_UP_REACHED = 2  # ... KEEPS_UP_ITERATIONS iterations' readings reached
 FUSION_LATENCIES = 16  # a fused collective carries at least this many per-message costs' worth of bytes
+# Fused, before gradient 0 (DESIGN.md, "Fused collectives", "Gradient 0's collective"): a collective that
+# could not end before gradient 0 reaches the link waits for it, at most this many per-message costs past
+# the predicted end of backward; and the forward pass lasts about this share of the backward.
+END_HOLD_COSTS = 1.0
+FORWARD_PER_BACKWARD = 0.5
 
 
 class Prophet(ByteScheduler):
@@ -55,13 +60,14 @@ class Prophet(ByteScheduler):
         # Where a message costs a collective (all-reduce), the transport carries several pieces as one
         # and the user asks (BYTEPS_PROPHET_FUSE, in training and in the simulator alike): fuse the most
         # urgent pending pieces up to the chunk (DESIGN.md, "Fused collectives").
-        self._fuse = (settings.fuse and not traits.is_parameter_server and self.mode != "paper"
-                      and bool(getattr(transport, "accepts_fused", False)))
+        self._fuse = self.fuses = (settings.fuse and not traits.is_parameter_server and self.mode != "paper"
+                                   and bool(getattr(transport, "accepts_fused", False)))
         self._plan: StepProfile | None = None
         self._sizes: dict[int, int] = {}  # bytes of each gradient, as last posted
         self._iteration: int | None = None
         self._backward_done = False  # end_of_backward seen for the current iteration
         self._drain_chunk: float | None = None
+        self._drain_started = False  # the first collective after the end of backward has gone (fused)
         # The paper mode's blocks: each block's gradient count, those not yet arrived this iteration,
         # the first block not completely collected, and collected blocks whose budget is to be granted.
         self._block_sizes: list[int] = []
@@ -129,6 +135,7 @@ class Prophet(ByteScheduler):
                 self.planned_iterations += 1
             self._missing = list(self._block_sizes)
         self._drain_chunk = None
+        self._drain_started = False
         self._next_block = 0
         self._in_last_block = False
         self._backward_done = False
@@ -208,15 +215,26 @@ class Prophet(ByteScheduler):
                     self._wake_at(wake)
                     return
             if bandwidth is None:
-                bandwidth, cost = self.bandwidth.rate_and_cost()
+                bandwidth, cost = self.bandwidth.rate_and_cost(self._fuse)
                 latencies = FUSION_LATENCIES if self._fuse else FLOOR_LATENCIES
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, latencies * bandwidth * cost)
+            drain = start >= end + latency
+            if self._fuse and not drain and next_ready is not None:
+                # Gradient 0 (the last arrival) is still to come: a collective that would still be on
+                # the ring when it can reach the link makes its collective wait behind this one. Wait
+                # for it instead, unless it is late by more than a collective's fixed cost.
+                deadline = end + latency + END_HOLD_COSTS * cost
+                if start + cost > end + latency and now < deadline:
+                    self._wake_at(deadline)
+                    return
             chunk = self._chunk_bytes(start, next_ready, end, to_come, latency, bandwidth, cost, floor)
             # The most urgent pending rows, cut to ``chunk``: the rest stays queued.
             piece = heappop(queue)[2]
+            if self._fuse and drain and not self._drain_started:
+                chunk = self._first_drain_chunk(piece, chunk, floor, cost)
             # (fused, after the end of backward: pieces are fused up to the chunk but never cut, since a
             # real engine's collective costs more than the fixed cost its monitor measures: its start-up)
-            if piece.nbytes > 1.25 * chunk and not (self._fuse and start >= end + latency):
+            if piece.nbytes > 1.25 * chunk and not (self._fuse and drain):
                 rows = self._rows_for(piece, chunk)
                 if rows < piece.rows:
                     head = piece.split_head(rows)
@@ -224,6 +242,8 @@ class Prophet(ByteScheduler):
                     piece = head
             elif self._fuse and queue and piece.nbytes < chunk:
                 piece = self._fused(piece, chunk)
+            if drain:
+                self._drain_started = True
             self.pending_bytes -= piece.nbytes
             link.advance(piece, now + latency, cost + piece.nbytes / bandwidth)
             self.credit -= piece.numel
@@ -250,8 +270,8 @@ class Prophet(ByteScheduler):
                     stages = self._serializations - 1
                     self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
             chunk = self._drain_chunk
-        if chunk < floor:
-            chunk = floor
+        if chunk < floor and not (self._fuse and not self._drain_started and start >= end + latency):
+            chunk = floor  # (the first fused collective after the end of backward: _first_drain_chunk)
         if chunk > self._chunk_cap:
             chunk = self._chunk_cap
         return chunk
@@ -266,6 +286,36 @@ class Prophet(ByteScheduler):
         step_bytes = prediction.bytes_from[0]
         per_byte = prediction.span / step_bytes if step_bytes and prediction.span > 0 else 1.0 / bandwidth
         return math.sqrt(self.pending_bytes * cost / per_byte)
+
+    def _first_drain_chunk(self, head: Task, chunk: float, floor: float, cost: float) -> float:
+        """The first fused collective after the end of backward carries gradient 0 (the most urgent
+        pending, ``head``), whole, and the next most urgent pieces up to the fused drain chunk, so the
+        next forward pass can start on them while the rest follows. That pays only if the forward
+        compute of the layers it carries (from the profiled backward gaps) outlasts the fixed cost
+        of the collective that follows: otherwise it goes with everything up to the floor, as the
+        other collectives (DESIGN.md, "Fused collectives", "Gradient 0's collective")."""
+        chunk = max(chunk, self._sizes.get(head.index, 0))
+        if FORWARD_PER_BACKWARD * self._backward_within(head.index, chunk) < cost:
+            chunk = max(chunk, floor)
+        return chunk
+
+    def _backward_within(self, first: int, nbytes: float) -> float:
+        """Predicted backward compute of gradients ``first``, ``first + 1``, ... while their bytes fit
+        in ``nbytes``: each one's gap after the arrival before it, at the current pace."""
+        prediction = self.prediction
+        order, offsets = prediction.order, prediction.offsets
+        position = {index: k for k, index in enumerate(order)}
+        total = compute = 0.0
+        index = first
+        while index in self._sizes:
+            total += self._sizes[index]
+            if total > nbytes:
+                break
+            k = position.get(index)
+            if k:
+                compute += offsets[k] - offsets[k - 1]
+            index += 1
+        return prediction.pace * compute
 
     def _fused(self, head: Task, chunk: float) -> Task | Fused:
         """``head`` and the next most urgent whole pending pieces of its iteration, while they fit in

@@ -209,7 +209,7 @@ class _Engine:
                                              device=str(self.params[0].param.device) if self.params else "cpu",
                                              world_size=backend.size, warmup=2,
                                              meta={"scheduler": settings.scheduler, "backend": backend.name,
-                                                   "rank": backend.rank})
+                                                   "rank": backend.rank, "fuse": settings.fuse})
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
         self._global_hooks = [register_module_forward_pre_hook(self._pre_forward)]
@@ -349,10 +349,11 @@ class _Engine:
                 self.scheduler.finished(op.piece)
                 done, self._done = self._done, []
                 if self.trace is not None:  # a fused op: one line per member, with the op's times
-                    bw = self.scheduler.bandwidth
+                    bw = self.scheduler.bandwidth  # (the cost the scheduler reads: a fused collective's, if it fuses)
+                    cost = bw.rate_and_cost(getattr(self.scheduler, "fuses", False))[1]
                     for member in op.members if isinstance(op, FusedOp) else (op,):
                         self._trace_op(op, member, member.piece.index, member.piece.nbytes, now, op.extra.get("submit"),
-                                       bandwidth_Bps=bw.bytes_per_s, message_cost_s=bw.message_cost,
+                                       bandwidth_Bps=bw.bytes_per_s, message_cost_s=cost,
                                        latency_s=bw.latency)
         else:
             done = []

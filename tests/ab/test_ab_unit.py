@@ -209,3 +209,14 @@ def test_compute_only_runs_every_worker_alone_and_counts_them_all():
     assert command[command.index("--backend") + 1] == "local" and "--progress" not in command
     assert FakeCluster.seen["env"]["BYTEPS_SCHEDULER"] == "fifo" and "MASTER_ADDR" not in FakeCluster.seen["env"]
     assert data["samples_per_s"] == 15.0
+
+
+def test_prophet_fused_and_unfused_differ_only_in_the_fusion_setting_the_plugins_read():
+    from byteps_prophet.core import Settings
+
+    fused, unfused = variant_env("prophet_fused", None), variant_env("prophet_unfused", None)
+    assert fused.pop("BYTEPS_PROPHET_FUSE") == "1" and unfused.pop("BYTEPS_PROPHET_FUSE") == "0"
+    assert fused == unfused == variant_env("prophet", None)
+    settings = {name: Settings.from_env({**variant_env(name, None)}) for name in ("prophet_fused", "prophet_unfused")}
+    assert settings["prophet_fused"].fuse and not settings["prophet_unfused"].fuse
+    assert settings["prophet_fused"].scheduler == settings["prophet_unfused"].scheduler == "prophet"

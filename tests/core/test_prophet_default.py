@@ -391,7 +391,7 @@ class ToldLink(BandwidthMonitor):
     known = True
     bytes_per_s = BANDWIDTH
 
-    def rate_and_cost(self):
+    def rate_and_cost(self, collective=False):
         return self.bytes_per_s, COST
 
 

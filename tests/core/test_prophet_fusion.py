@@ -142,3 +142,41 @@ def test_after_the_end_of_backward_pieces_are_fused_never_cut():
     assert grad0 == [(0, 833), (833, 1666), (1666, 2500)], grad0  # ByteScheduler's partition, uncut
     assert scheduler._drain_chunk < 833 * 1000 * 4  # the chunk would have cut them
     assert any(isinstance(m, Fused) for _, m in link.sent if m.iteration == 5)  # small ones still fused
+
+
+# A 4 MB gradient, a small one 1.5 ms before the end of backward, then gradient 0 (DESIGN.md, "Fused
+# collectives", "Gradient 0's collective"): the small one's collective could not end before gradient 0
+# arrives (2 ms of fixed cost alone), so it waits for gradient 0 and both go as one.
+LATE_ARRIVALS = [(2, 0.0, (1000, 1000)), (1, 0.0485, (10, 1000)), (0, 0.050, (10, 1000))]
+
+
+def run_late(late_by=0.0, iterations=6, period=0.2):
+    loop = Loop()
+    link = CollectiveLink(loop)
+    scheduler = Prophet(Settings(scheduler="prophet", fuse=True, partition=10**9), loop.clock, link)
+    link.scheduler = scheduler
+    scheduler.on_wakeup = lambda t: loop.at(t, scheduler.tick)
+    for it in range(iterations):
+        t0 = it * period
+        arrivals = LATE_ARRIVALS if it < iterations - 1 else LATE_ARRIVALS[:2] + [(0, 0.050 + late_by, (10, 1000))]
+        for index, offset, shape in arrivals:
+            loop.at(t0 + offset, scheduler.post, Task(f"g{index}", index, shape, iteration=it))
+        loop.at(t0 + arrivals[-1][1], scheduler.end_of_backward, it)
+    loop.run_until()
+    assert scheduler._plan is not None
+    t0 = (iterations - 1) * period
+    return [(t - t0, [piece.index for piece in members(message)]) for t, message in link.sent
+            if message.iteration == iterations - 1]
+
+
+def test_a_collective_that_would_delay_gradient_0_waits_for_it_and_goes_with_it():
+    sent = run_late()
+    assert sent[-1] == (pytest.approx(0.050, abs=1e-9), [0, 1])  # one collective, at gradient 0's arrival
+    assert sorted(i for _, indices in sent for i in indices) == [0, 1, 2]  # each gradient once
+
+
+def test_a_late_gradient_0_is_waited_for_one_fixed_cost_at_most():
+    sent = run_late(late_by=0.010)  # predicted at 50 ms, arrives at 60
+    times = {tuple(indices): t for t, indices in sent}
+    assert times[(1,)] == pytest.approx(0.050 + COLLECTIVE_S, abs=1e-6)  # held no longer than that
+    assert times[(0,)] == pytest.approx(0.060, abs=1e-6)

@@ -251,11 +251,11 @@ def test_the_scheduler_is_woken_when_it_asks_and_close_stops_the_timer():
     assert not opt._bpp._timer._thread.is_alive()
 
 
-def test_fuse_knob_is_validated_and_off_by_default():
+def test_fuse_knob_is_validated_and_on_by_default():
     from byteps_prophet.core.settings import Settings
     from byteps_prophet.errors import ConfigError
 
-    assert Settings.from_env({}).fuse is False
-    assert Settings.from_env({"BYTEPS_PROPHET_FUSE": "1"}).fuse is True
+    assert Settings.from_env({}).fuse is True
+    assert Settings.from_env({"BYTEPS_PROPHET_FUSE": "0"}).fuse is False
     with pytest.raises(ConfigError, match="BYTEPS_PROPHET_FUSE='maybe' is not a boolean; valid: 0, 1"):
         Settings.from_env({"BYTEPS_PROPHET_FUSE": "maybe"})
