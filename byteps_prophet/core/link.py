@@ -29,12 +29,14 @@ core's two estimators but feeds them differently:
 * the **latency** an op pays on an idle link (time in flight minus its bytes at the measured rate,
   median of recent ones) is tracked separately (``latency``): it is not a cost the link serialises,
   so it never enters the per-message cost; Prophet's default mode reads it to keep enough ops in
-  flight to overlap it (core/prophet.py, "Start-up latency"). Only a **clean** op is a sample: one
-  that found nothing else of ours in flight when it was sent and during whose flight nothing else
-  was sent. Where pulls follow pushes an op's pull queues behind every push sent during its flight,
-  so a sample taken then measured Prophet's own queue, and Prophet, keeping ``rate x latency`` in
+  flight to overlap it (core/prophet.py, "Start-up latency"). Where pulls follow pushes only a
+  **clean** op is a sample: one that found nothing else of ours in flight when it was sent and
+  during whose flight nothing else was sent. There an op's pull queues behind every push sent
+  during its flight, so a sample taken then measured Prophet's own queue, and Prophet, keeping ``rate x latency`` in
   flight, made the next one longer (torch/BytePS vgg 200 Mbit/s read 0.07-0.89 s against a 2.7 ms
-  start-up; docs/ENGINE.md, "Prophet's pauses on BytePS, measured");
+  start-up; docs/ENGINE.md, "Prophet's pauses on BytePS, measured"). On a one-stage link an op
+  sent later cannot delay an earlier one, and there (gloo) the rule took every sample away: the
+  monitor read 0 instead of 7-13 ms and Prophet ran slower (DESIGN.md, "Start-up latency");
 * a **change of the link** (tc moved the rate) is detected, not averaged: when ``SHIFT_RUN``
   back-to-back samples in a row took more than ``SHIFT_RATIO`` times longer (or shorter) than the fit
   predicts, the older samples are dropped. A window of 32 samples otherwise took 32 back-to-back
@@ -53,9 +55,10 @@ SHIFT_RATIO = 1.4
 
 
 class LinkMonitor(BandwidthMonitor):
-    def __init__(self, window: int = 32, serializations: int = 1) -> None:
+    def __init__(self, window: int = 32, serializations: int = 1, pulls_follow_pushes: bool = False) -> None:
         super().__init__(window=window, serializations=serializations)
         self._window = window
+        self._clean_only = pulls_follow_pushes  # latency samples from clean ops only (see above)
         self._lm_reset()
 
     def _lm_reset(self) -> None:
@@ -92,7 +95,7 @@ class LinkMonitor(BandwidthMonitor):
             self._follow_shift(float(task.nbytes), now - last)  # judged against the fit before it
             self._lm_line.add(float(task.nbytes), now - last)
             self._lm_fit_at = -1  # that fit is cached under this completion's count: refit with the sample
-        elif alone == self._lm_sends:  # a clean sample: alone on the link from its send to its finish
+        elif not self._clean_only or alone == self._lm_sends:  # clean: alone from its send to its finish
             rate = self.bytes_per_s
             if rate:
                 self._lm_latency.append(max(0.0, (now - sent_at) - self.serializations * task.nbytes / rate))
