@@ -29,14 +29,7 @@ core's two estimators but feeds them differently:
 * the **latency** an op pays on an idle link (time in flight minus its bytes at the measured rate,
   median of recent ones) is tracked separately (``latency``): it is not a cost the link serialises,
   so it never enters the per-message cost; Prophet's default mode reads it to keep enough ops in
-  flight to overlap it (core/prophet.py, "Start-up latency"). Where pulls follow pushes only a
-  **clean** op is a sample: one that found nothing else of ours in flight when it was sent and
-  during whose flight nothing else was sent. There an op's pull queues behind every push sent
-  during its flight, so a sample taken then measured Prophet's own queue, and Prophet, keeping ``rate x latency`` in
-  flight, made the next one longer (torch/BytePS vgg 200 Mbit/s read 0.07-0.89 s against a 2.7 ms
-  start-up; docs/ENGINE.md, "Prophet's pauses on BytePS, measured"). On a one-stage link an op
-  sent later cannot delay an earlier one, and there (gloo) the rule took every sample away: the
-  monitor read 0 instead of 7-13 ms and Prophet ran slower (DESIGN.md, "Start-up latency");
+  flight to overlap it (core/prophet.py, "Start-up latency");
 * a **change of the link** (tc moved the rate) is detected, not averaged: when ``SHIFT_RUN``
   back-to-back samples in a row took more than ``SHIFT_RATIO`` times longer (or shorter) than the fit
   predicts, the older samples are dropped. A window of 32 samples otherwise took 32 back-to-back
@@ -55,10 +48,9 @@ SHIFT_RATIO = 1.4
 
 
 class LinkMonitor(BandwidthMonitor):
-    def __init__(self, window: int = 32, serializations: int = 1, pulls_follow_pushes: bool = False) -> None:
+    def __init__(self, window: int = 32, serializations: int = 1) -> None:
         super().__init__(window=window, serializations=serializations)
         self._window = window
-        self._clean_only = pulls_follow_pushes  # latency samples from clean ops only (see above)
         self._lm_reset()
 
     def _lm_reset(self) -> None:
@@ -70,7 +62,6 @@ class LinkMonitor(BandwidthMonitor):
         self._lm_pairs = RunningFit(self._window)
         self._lm_pair_from: tuple[float, int] | None = None  # the last sample's (gap start, bytes)
         self._lm_latency: deque[float] = deque(maxlen=self._window // 2)
-        self._lm_sends = 0  # ops sent so far: an op is a clean latency sample if none was sent after it
         self._lm_last_finish = float("-inf")
         self._lm_fit_at = -1
         self._lm_fit: tuple[float, float] | None = None
@@ -80,13 +71,10 @@ class LinkMonitor(BandwidthMonitor):
 
     # -- events ---------------------------------------------------------------------------------------
     def on_send(self, task, now: float) -> None:
-        self._lm_sends += 1
-        # the send count after this op's send, or None if another op of ours was already in flight
-        alone = self._lm_sends if not self._lm_flight else None
-        self._lm_flight[id(task)] = (now, self._lm_delivered, alone)
+        self._lm_flight[id(task)] = (now, self._lm_delivered)
 
     def on_finish(self, task, now: float) -> None:
-        sent_at, delivered_at_send, alone = self._lm_flight.pop(id(task), (None, 0, None))
+        sent_at, delivered_at_send = self._lm_flight.pop(id(task), (None, 0))
         self._lm_delivered += task.nbytes
         last, self._lm_last_finish = self._lm_last_finish, now
         if sent_at is None or now <= sent_at:
@@ -102,9 +90,8 @@ class LinkMonitor(BandwidthMonitor):
                 before, nbytes = self._lm_pair_from
                 self._lm_pairs.add((nbytes + task.nbytes) / 2, (now - before) / 2)
             self._lm_pair_from = (last, task.nbytes)
-            return
-        self._lm_pair_from = None
-        if not self._clean_only or alone == self._lm_sends:  # clean: alone from its send to its finish
+        else:
+            self._lm_pair_from = None
             rate = self.bytes_per_s
             if rate:
                 self._lm_latency.append(max(0.0, (now - sent_at) - self.serializations * task.nbytes / rate))

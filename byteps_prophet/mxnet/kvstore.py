@@ -184,7 +184,7 @@ class ScheduledKVStore(KVStoreBase):
         self.traits = EngineTraits(name=self.engine_name, stages=2, pulls_follow_pushes=True,
                                    atom_elements=self._atom if local.scheduler == "prophet" else 0)
         # ps-lite/BytePS ops pay a start-up latency that ops in flight overlap: the LinkMonitor
-        monitor = link_monitor(self.settings, self.traits.stages, self.traits.pulls_follow_pushes) if self.leader else None
+        monitor = link_monitor(self.settings, self.traits.stages) if self.leader else None
         self.scheduler = make_scheduler(local, self._clock, self, self._on_done, monitor=monitor)
         self._timer = install_wakeup_timer(self.scheduler, self._tick, self._fail) if self.leader else None
         self._gate = EngineGate()

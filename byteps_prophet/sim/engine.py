@@ -149,7 +149,7 @@ class Simulation:
         network = ParameterServerNetwork if traits.is_parameter_server else RingAllReduceNetwork
         self.network = network(cluster.workers, traits, self.conditions, cluster.latency, self.loop.at, self.loop.now)
         # A real engine's scheduler measures its link as the plugins do (start-up latency apart).
-        monitor = LinkMonitor(serializations=traits.stages, pulls_follow_pushes=traits.pulls_follow_pushes) if cluster.engine is not None else None
+        monitor = LinkMonitor(serializations=traits.stages) if cluster.engine is not None else None
         self.scheduler = make_scheduler(settings, self.loop, self.network, self._on_synced, monitor)
         self.scheduler.on_wakeup = self._wake_at
         self._next_tick = math.inf

@@ -187,7 +187,7 @@ class _Engine:
         self._timer = None
         if self.leader:
             self.scheduler = make_scheduler(settings, self.clock, self, self._on_done,
-                                            monitor=link_monitor(settings, self.traits.stages, self.traits.pulls_follow_pushes))
+                                            monitor=link_monitor(settings, self.traits.stages))
             self._timer = install_wakeup_timer(self.scheduler, self._tick, self._on_error)
         self._done: list[_Param] = []
         self.sync = Synchroniser(backend, self._on_op_finished, self._on_error)
