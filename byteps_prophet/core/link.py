@@ -1,40 +1,12 @@
 """How a real engine's link is measured: which completions are samples of the link.
 
-The core's :class:`~byteps_prophet.core.bandwidth.BandwidthMonitor` treats a transfer that ran alone
-as exact: its whole time in flight is service time of a FIFO link. On the real engines that is not
-what an operation's time in flight is. Measured on the local cluster (2 workers, 300 Mbit/s, gloo,
-docs/history/AB-notebook.md "Why Prophet was slower"):
-
-* an all-reduce only starts when *every* rank has issued it, so an op rank 0 sends before rank 1's
-  copy of that gradient is ready "takes" as long as rank 1 is behind (tens to hundreds of ms for an
-  8 KB bias), and
-* each op pays a start-up latency (threads to wake on a loaded CPU, TCP ramp-up) that does **not**
-  occupy the link: a second op in flight overlaps it. Alone, a 50 KB all-reduce took 30 ms on the
-  loaded 2-core machine; with 4 in flight the link stayed full.
-
-Fed with such samples the core fitted a "per-message cost" of 50-200 ms and a bandwidth of a third
-of the link's; Prophet then believed every message occupied the link for that long, kept one or two
-small ops in flight and left the link idle for most of every op's start-up.
-
-:class:`LinkMonitor` (same interface, given to the scheduler by the plugins, and by the simulator for
-an engine with a start-up latency) keeps the
-core's two estimators but feeds them differently:
-
-* **service samples only from back-to-back completions**: an op that was already in flight when the
-  previous one finished was queued on a busy link, so the time between the two completions is what
-  the link spent on it (start-up latency and the followers' lateness overlapped the previous op);
-  an op sent onto an idle link gives no service sample;
-* **delivery rate** (bytes delivered while an op was in flight over its time in flight, recent
-  maximum) as the fallback rate, as in the core;
-* the **latency** an op pays on an idle link (time in flight minus its bytes at the measured rate,
-  median of recent ones) is tracked separately (``latency``): it is not a cost the link serialises,
-  so it never enters the per-message cost; Prophet's default mode reads it to keep enough ops in
-  flight to overlap it (core/prophet.py, "Start-up latency");
-* a **change of the link** (tc moved the rate) is detected, not averaged: when ``SHIFT_RUN``
-  back-to-back samples in a row took more than ``SHIFT_RATIO`` times longer (or shorter) than the fit
-  predicts, the older samples are dropped. A window of 32 samples otherwise took 32 back-to-back
-  completions, two to three training steps, to forget the old rate (measured with the A/B's
-  1 -> 0.2 -> 1 Gbit/s schedule: the estimate stayed at a third of the restored rate for 32+ ops).
+On a real engine an op's time in flight is not link time (an all-reduce starts only when every rank
+issued it; each op pays a start-up latency that others in flight overlap), so :class:`LinkMonitor`
+feeds the core's estimators differently: service samples only from back-to-back completions; the
+recent peak delivery rate as the fallback rate; the idle-link start-up ``latency`` tracked apart (it
+never enters the per-message cost); a change of the link detected after ``SHIFT_RUN`` samples off the
+fit by ``SHIFT_RATIO``, not averaged away. Why and the measurements: docs/DESIGN.md, "Link monitor
+(plugins)", "Start-up latency" and "Fused collectives".
 """
 from __future__ import annotations
 
