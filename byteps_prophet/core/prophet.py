@@ -60,8 +60,8 @@ class Prophet(ByteScheduler):
         # Where a message costs a collective (all-reduce), the transport carries several pieces as one
         # and the user asks (BYTEPS_PROPHET_FUSE, in training and in the simulator alike): fuse the most
         # urgent pending pieces up to the chunk (DESIGN.md, "Fused collectives").
-        self._fuse = self.fuses = (settings.fuse and not traits.is_parameter_server and self.mode != "paper"
-                                   and bool(getattr(transport, "accepts_fused", False)))
+        self.fuses = (settings.fuse and not traits.is_parameter_server and self.mode != "paper"
+                      and bool(getattr(transport, "accepts_fused", False)))
         self._plan: StepProfile | None = None
         self._sizes: dict[int, int] = {}  # bytes of each gradient, as last posted
         self._iteration: int | None = None
@@ -215,11 +215,11 @@ class Prophet(ByteScheduler):
                     self._wake_at(wake)
                     return
             if bandwidth is None:
-                bandwidth, cost = self.bandwidth.rate_and_cost(self._fuse)
-                latencies = FUSION_LATENCIES if self._fuse else FLOOR_LATENCIES
+                bandwidth, cost = self.bandwidth.rate_and_cost(self.fuses)
+                latencies = FUSION_LATENCIES if self.fuses else FLOOR_LATENCIES
                 floor = self.settings.min_chunk_bytes or max(MIN_FLOOR_BYTES, latencies * bandwidth * cost)
             drain = start >= end + latency
-            if self._fuse and not drain and next_ready is not None:
+            if self.fuses and not drain and next_ready is not None:
                 # Gradient 0 (the last arrival) is still to come: a collective that would still be on
                 # the ring when it can reach the link makes its collective wait behind this one. Wait
                 # for it instead, unless it is late by more than a collective's fixed cost.
@@ -230,17 +230,17 @@ class Prophet(ByteScheduler):
             chunk = self._chunk_bytes(start, next_ready, end, to_come, latency, bandwidth, cost, floor)
             # The most urgent pending rows, cut to ``chunk``: the rest stays queued.
             piece = heappop(queue)[2]
-            if self._fuse and drain and not self._drain_started:
+            if self.fuses and drain and not self._drain_started:
                 chunk = self._first_drain_chunk(piece, chunk, floor, cost)
             # (fused, after the end of backward: pieces are fused up to the chunk but never cut, since a
             # real engine's collective costs more than the fixed cost its monitor measures: its start-up)
-            if piece.nbytes > 1.25 * chunk and not (self._fuse and drain):
+            if piece.nbytes > 1.25 * chunk and not (self.fuses and drain):
                 rows = self._rows_for(piece, chunk)
                 if rows < piece.rows:
                     head = piece.split_head(rows)
                     heappush(queue, (piece.priority, next(self._sequence), piece))
                     piece = head
-            elif self._fuse and queue and piece.nbytes < chunk:
+            elif self.fuses and queue and piece.nbytes < chunk:
                 piece = self._fused(piece, chunk)
             if drain:
                 self._drain_started = True
@@ -264,13 +264,13 @@ class Prophet(ByteScheduler):
                 chunk = bandwidth * (end + latency - start - cost)  # backlogged through the end of backward
         else:
             if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
-                if self._fuse:
+                if self.fuses:
                     self._drain_chunk = self._fused_drain_chunk(bandwidth, cost)
                 else:
                     stages = self._serializations - 1
                     self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
             chunk = self._drain_chunk
-        if chunk < floor and not (self._fuse and not self._drain_started and start >= end + latency):
+        if chunk < floor and not (self.fuses and not self._drain_started and start >= end + latency):
             chunk = floor  # (the first fused collective after the end of backward: _first_drain_chunk)
         if chunk > self._chunk_cap:
             chunk = self._chunk_cap
