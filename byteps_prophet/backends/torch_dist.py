@@ -20,6 +20,7 @@ from byteps_prophet.errors import ConfigError
 
 class TorchDistBackend(Backend):
     traits = EngineTraits(name="gloo", stages=1)
+    accepts_fused = True  # a FusedOp is one all_reduce of a flat buffer per dtype (issue below)
 
     def __init__(self, kind: str = "gloo", group=None) -> None:
         super().__init__()
@@ -27,7 +28,6 @@ class TorchDistBackend(Backend):
         self.group = group
         self._store = None
         self._owns_group = False
-        self.accepts_fused = True  # a FusedOp is one all_reduce of a flat buffer per dtype (issue below)
         self.setup()
 
     def setup(self) -> None:

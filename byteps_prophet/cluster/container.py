@@ -17,10 +17,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from byteps_prophet.cluster.roles import ENGINES
 from byteps_prophet.errors import ConfigError
 from byteps_prophet.units import parse_bandwidth, parse_latency
 
-ENGINES = ("byteps", "mxnet")
 FRAMEWORKS = ("torch", "mxnet")  # the BytePS plugin the self-test pushes through
 OFF = ("0", "false", "no", "off")
 ON = ("1", "true", "yes", "on")

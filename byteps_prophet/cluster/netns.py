@@ -16,6 +16,7 @@ that was SIGKILLed can be recognised and removed (:func:`clean_stale`).
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -216,8 +217,6 @@ def qdisc_counters(ns: str | None, dev: str) -> dict[str, int]:
     """The shaping qdisc's cumulative counters on ``dev`` (the tbf where there is one, else the root)."""
     proc = _run(["tc"] + (["-n", ns] if ns else []) + ["-s", "-j", "qdisc", "show", "dev", dev], check=False)
     try:
-        import json
-
         qdiscs = json.loads(proc.stdout or "[]")
     except ValueError:
         return {}
