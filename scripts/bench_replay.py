@@ -187,11 +187,10 @@ def parse_overrides(text: str) -> dict:
 
 def replay(names: list[str], iterations: int, overrides: dict | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bpp-override-") as folder:  # the what-if engine copies
-        scratch = type("Scratch", (), {"name": folder})
-        return _replay(names, iterations, overrides, scratch)
+        return _replay(names, iterations, overrides, Path(folder))
 
 
-def _replay(names: list[str], iterations: int, overrides: dict | None, scratch) -> dict:
+def _replay(names: list[str], iterations: int, overrides: dict | None, scratch: Path) -> dict:
     with_engine = simulator_has_engine()
     log(f"simulator {'takes --engine' if with_engine else 'has no --engine yet: --bandwidth/--overhead/--latency'}")
     results = {"commit": git_commit(), "simulator_engine_option": with_engine, "iterations": iterations,
@@ -206,7 +205,7 @@ def _replay(names: list[str], iterations: int, overrides: dict | None, scratch) 
             continue
         measured = json.loads(measured_file.read_text())
         if overrides:  # what-if: the same recordings under the engine with some traits changed
-            engine_file = overridden_engine(engine_file, overrides, Path(scratch.name))
+            engine_file = overridden_engine(engine_file, overrides, scratch)
         link = link_args(engine_file, cfg["bandwidth"], with_engine, cfg["arch"])
         arch = ["--arch", "ps", "--servers", "1"] if cfg["arch"] == "ps" else ["--arch", "allreduce"]
         rows = []
@@ -252,10 +251,7 @@ def per_variant_errors(rows: list[dict]) -> dict:
 def orders(rows: list[dict]) -> dict:
     """Variants by measured and by predicted step time (fastest first; per variant the median over
     rounds), whether they agree, and whether they agree on every pair measured more than NOISE apart."""
-    def per_variant(key):
-        return _per_variant(rows, key)
-
-    meas, pred = per_variant("measured_s"), per_variant("predicted_s")
+    meas, pred = _per_variant(rows, "measured_s"), _per_variant(rows, "predicted_s")
     by_meas, by_pred = sorted(meas, key=meas.get), sorted(pred, key=pred.get)
     beyond = all((meas[a] < meas[b]) == (pred[a] < pred[b])
                  for a in meas for b in meas if a < b and abs(meas[a] / meas[b] - 1) > NOISE)
@@ -348,9 +344,8 @@ def main(argv=None) -> int:
         print(f"bench_replay: {err}", file=sys.stderr)
         return 2
     results["overrides"] = overrides
-    if overrides:
-        pass  # a what-if: docs/replay/results.json keeps the engine files' own replay
-    elif not args.replay_only or args.configs == ",".join(CONFIGS):
+    # a what-if (overrides) leaves docs/replay/results.json with the engine files' own replay
+    if not overrides and (not args.replay_only or args.configs == ",".join(CONFIGS)):
         (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1) if args.json else table(results) + "\n\n" + variant_table(results))
     return 0
