@@ -56,10 +56,13 @@ CONFIGS = {
         ab=["--framework", "mxnet", "--backend", "kvstore", "--model", "transformer", "--batch", "24",
             "--bandwidth", "1gbit", "--steps", "5", "--warmup", "3"],
         engine="kvstore", bandwidth="1gbit", arch="ps"),
+    # The BytePS-MXNet plugin sends Prophet's atoms as ByteScheduler's partition (1 M elements,
+    # mxnet/byteps_backend.py; DESIGN.md "ByteScheduler's partition for Prophet's queue on BytePS"), where
+    # the engine file, calibrated through byteps.torch, has torch's 250 k: the replay sets the plugin's.
     "mxnet_byteps_transformer_200m": dict(
         ab=["--framework", "mxnet", "--backend", "byteps", "--model", "transformer", "--width", "0.6",
             "--batch", "24", "--bandwidth", "200mbit", "--steps", "6", "--warmup", "3"],
-        engine="byteps", bandwidth="200mbit", arch="ps"),
+        engine="byteps", bandwidth="200mbit", arch="ps", env={"BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000"}),
 }
 # Where each engine is calibrated (the bandwidth of its first configuration); other bandwidths take the
 # same per-message cost and latency, and the calibrated share of the shaped rate.
@@ -216,12 +219,14 @@ def _replay(names: list[str], iterations: int, overrides: dict | None, scratch: 
             # Prophet's fusion as recorded (BYTEPS_PROPHET_FUSE, in the profile's meta since 33's fusion
             # work; recordings without it did not fuse): a replay of an unfused run must not fuse
             fuse = "1" if json.loads((ROOT / profile).read_text()).get("meta", {}).get("fuse") else "0"
-            proc = run(argv, locked=False, timeout=600, env={"BYTEPS_PROPHET_FUSE": fuse})
+            env = {"BYTEPS_PROPHET_FUSE": fuse, **cfg.get("env", {})}
+            proc = run(argv, locked=False, timeout=600, env=env)
             sim = json.loads(proc.stdout)
             predicted = sim["results"][r["variant"]]["iter_ms"] / 1e3
             rows.append({"variant": r["variant"], "round": r["round"], "measured_s": round(r["step_s"], 4),
                          "predicted_s": round(predicted, 4), "error": round(predicted / r["step_s"] - 1, 4),
-                         "command": f"BYTEPS_PROPHET_FUSE={fuse} byteps-prophet " + " ".join(str(a) for a in argv[3:])})
+                         "command": " ".join(f"{k}={v}" for k, v in env.items()) + " byteps-prophet "
+                                    + " ".join(str(a) for a in argv[3:])})
         variants = per_variant_errors(rows)
         results["configs"][name] = {"rows": rows, "variants": variants, **orders(rows),
                                     "within_target": all(abs(v["error"]) <= TARGET for v in variants.values()),

@@ -26,10 +26,12 @@ on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate 
   atoms with): the same small-before-large pair, as one request each: the small op's answer not
   waiting for the large push (as it does with a push and a pull request of its own) means the server
   answers the push with the values;
-* **duplex efficiency, where the pull comes in the reply**: bursts of large ``pushpull`` ops issued at
-  once keep both directions of the server's link busy for most of their time, as training's bursts do
-  (the staggered pair overlaps them for 0.75 transfers only): the efficiency at which the simulator's
-  network (``sim/network.py``) finishes such a burst when it did (``burst_efficiency``);
+* **duplex efficiency, from long streams**: streams that keep both directions of the server's link
+  busy for most of their time, as training does (the staggered pair overlaps them for 0.75 transfers
+  only), replayed by the simulator's network (``sim/network.py``, ``replay_fit``): the efficiency it
+  finishes them with when they finished: BytePS's windowed push_pull streams (with its largest
+  back-to-back groups), the KVStore's ``pushpull`` bursts and windowed streams, where the pull comes
+  in the reply;
 * **compute slowdown**: a fixed CPU workload while the engine moves bytes, over the same alone.
 
 "Link bytes" are what the busiest link carries per op in each direction: a ring all-reduce of S bytes
@@ -63,21 +65,47 @@ DUPLEX_IDEAL, STAGGER_OVERLAP = 3.25, 0.75
 DUPLEX_SHARE = 0.6  # all-reduce: measured rate at least this share of the shaped one
 
 
-def burst_efficiency(ops: int, push_s: float, took_s: float) -> float:
-    """The duplex efficiency at which the simulator's parameter-server network, where the server answers
-    the push with the values (``pull_in_reply``), finishes ``ops`` equal ops issued at once, each
-    ``push_s`` through the server's ingress (and as long through its egress), after ``took_s``.
+def _took(group: Mapping[str, Any]) -> float:
+    return max(group["done"]) - group["issued"][0]
 
-    There (sim/network.py, ``_stretched``) op 0's push and pull take ``push_s`` each; every later push
-    starts as the pull before it does and is booked after it, so it runs at the efficiency ``e`` for
-    the ``push_s`` they overlap and at full rate after: ``push_s (2 - e)``; its pull follows on a link
-    that is idle by then. The last op is done at ``push_s (2 + (ops - 1)(2 - e))``, so
-    ``e = 2 - (took_s / push_s - 2) / (ops - 1)``, clamped to the trait's range [0.5, 1]."""
-    if ops < 2 or push_s <= 0:
-        raise ConfigError(f"calibration: a burst of {ops} ops of {push_s:g} s each is too short to fit; "
-                          f"valid: at least 2 ops of positive size")
-    e = 2.0 - (took_s / push_s - 2.0) / (ops - 1)
-    return min(1.0, max(0.5, e))
+
+def streams_of(traits: EngineTraits, groups: Sequence[Mapping[str, Any]]) -> list[tuple]:
+    """``(traits, window, ops, tensor bytes, took s)`` per group of probe ops: a back-to-back group
+    (every op issued at once: its window is its ops) or a windowed stream (``window`` in flight)."""
+    return [(traits, int(g.get("window") or len(g["done"])), len(g["done"]), int(g["tensor_bytes"]), _took(g))
+            for g in groups if len(g["done"]) >= 2]
+
+
+def replay_fit(streams: Sequence[tuple], workers: int, rate: float, efficiency: float, *,
+               fit: bool = True) -> tuple[float, list[list]]:
+    """``(duplex_efficiency, fits)``: the efficiency with which the simulator's network
+    (``sim/network.py``, ``stream_done_s``) at ``rate`` finishes the probe's ``streams`` (``streams_of``)
+    closest to when they did, least squares of the log ratio over all of them on a grid in [0.5, 1]
+    (0.05 steps, then 0.005 and 0.001); ``efficiency`` as given where not ``fit``. One value fitted to
+    all, not a median of each stream's own: a stream with a deep window hardly depends on it (its pulls
+    wait behind pushes anyway), so its own fit swings with every millisecond of noise. ``fits``: per
+    stream ``[window, ops, took s, simulated s]``. The rate stays the one ops alone read: fitted
+    together, rate and efficiency traded against each other from one calibration to the next (24.4 to
+    26.8 MB/s, 0.92 to 0.75 at 200 Mbit/s), and FIFO's replay, which only the rate decides, moved with it."""
+    from byteps_prophet.sim.engine import stream_done_s
+
+    if not streams:
+        raise ValueError("no streams to fit")
+
+    def simulated(e: float) -> list[float]:
+        return [max(stream_done_s(traits.replace(duplex_efficiency=e), rate, workers, tensor, ops, window))
+                for traits, window, ops, tensor, _ in streams]
+
+    def misfit(e: float) -> float:
+        return sum(math.log(sim / stream[-1]) ** 2 for sim, stream in zip(simulated(e), streams))
+
+    if fit:
+        for step in (0.05, 0.005, 0.001):
+            efficiency = min(dict.fromkeys(min(1.0, max(0.5, efficiency + step * k)) for k in range(-10, 11)),
+                             key=misfit)
+    fits = [[window, ops, round(took, 6), round(sim, 6)]
+            for sim, (_, window, ops, _, took) in zip(simulated(efficiency), streams)]
+    return round(efficiency, 4), fits
 
 
 def stages_of(backend: str) -> int:
@@ -187,6 +215,7 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
     }
     follows = pressed = in_reply = False
     efficiency = 1.0
+    duplex = True
     if stages == 2:
         behind = raw["behind"]
         behind_s = _median(behind["flight_s"], "small op before a large one")
@@ -212,23 +241,40 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
                 efficiency = min(1.0, max(0.5, efficiency))
             derived.update(staggered_s=pair, staggered_transfers=transfers)
         else:
-            duplex = True
             derived["duplex_assumed"] = True
+    elif nominal_bytes_per_s:
+        duplex = rate >= DUPLEX_SHARE * nominal_bytes_per_s
+    else:
+        derived["duplex_assumed"] = True  # unshaped loopback: nothing to tell it from
+
+    # What both directions of a server's link busy at once cost, from streams that keep them so for
+    # most of their time, as training does (the staggered pair overlaps them for 0.75 transfers only):
+    # BytePS's windowed push_pull streams (with the largest back-to-back groups, plain push and pull),
+    # replayed by the simulator's network. Without them (gloo, older probe outputs) the streams are
+    # only replayed for the record.
+    link = EngineTraits(name=backend, stages=stages, pulls_follow_pushes=follows, message_cost_s=max(0.0, cost),
+                        startup_latency_s=startup, duplex=bool(duplex), servers=servers if stages == 2 else 0,
+                        backpressure=bool(pressed), duplex_efficiency=efficiency)
+    try:
+        largest = max((int(g["size_index"]) for g in stream), default=None)
+        windowed = (raw.get("windowed") or []) if stages == 2 and duplex else []
+        streams = streams_of(link, [g for g in stream if int(g["size_index"]) == largest] + list(windowed))
+        efficiency, derived["sustained"] = replay_fit(streams, workers, rate, efficiency, fit=bool(windowed))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"calibration: the probe output's sustained streams are malformed ({err!r}); valid: "
+                          f"the 'stream' and 'windowed' phases of byteps_prophet.calibrate.probe") from None
+    if windowed:
+        derived["windowed_efficiency"] = efficiency
+    if stages == 2:
         replies = raw.get("replies")
         if replies:  # the transport the scheduled KVStore uses: one pushpull per atom
             try:
-                in_reply, efficiency = _replies(replies, derived, small_alone=small_alone, big_push=big_push,
-                                                cost=cost, startup=startup, rate=rate,
-                                                duplex=duplex, efficiency=efficiency)
+                in_reply, efficiency = _replies(replies, derived, link.replace(pull_in_reply=True), workers,
+                                                small_alone=small_alone, big_push=big_push, rate=rate,
+                                                efficiency=efficiency)
             except (KeyError, TypeError, ValueError, AttributeError) as err:
                 raise ConfigError(f"calibration: the probe output's 'replies' is malformed ({err!r}); valid: "
                                   f"the pushpull phase of byteps_prophet.calibrate.probe") from None
-    elif nominal_bytes_per_s:
-        duplex = rate >= DUPLEX_SHARE * nominal_bytes_per_s
-        derived["rate_share_of_nominal"] = rate / nominal_bytes_per_s
-    else:
-        duplex = True  # unshaped loopback: nothing to tell it from; recorded as assumed
-        derived["duplex_assumed"] = True
     if nominal_bytes_per_s:
         derived["rate_share_of_nominal"] = rate / nominal_bytes_per_s
 
@@ -255,28 +301,18 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
     return traits, derived
 
 
-def _replies(replies: Mapping[str, Any], derived: dict, *, small_alone: float, big_push: float, cost: float,
-             startup: float, rate: float, duplex: bool, efficiency: float) -> tuple[bool, float]:
-    """``(pull_in_reply, duplex_efficiency)`` from the probe's ``pushpull`` phase (module docstring)."""
+def _replies(replies: Mapping[str, Any], derived: dict, link: EngineTraits, workers: int, *, small_alone: float,
+             big_push: float, rate: float, efficiency: float) -> tuple[bool, float]:
+    """``(pull_in_reply, duplex_efficiency)`` from the probe's ``pushpull`` phase (module docstring):
+    the efficiency with which the simulator's network, the pull in the reply, finishes its bursts and
+    windowed streams (``replay_fit``)."""
     behind_s = _median(replies.get("behind_s") or [], "small pushpull before a large one")
     extra = behind_s - small_alone
     in_reply = extra < FOLLOW_SHARE * big_push
     derived.update(reply_behind_s=behind_s, reply_behind_extra_s=extra)
-    bursts = []
-    for group in replies.get("stream") or []:
-        issued, done = group["issued"], group["done"]
-        push_s = cost + float(group["link_bytes"]) / rate
-        took = max(done) - issued[0] - startup  # the cost per message is in push_s, on every stage
-        bursts.append([len(done), round(push_s, 6), round(took, 6),
-                       round(burst_efficiency(len(done), push_s, took), 4)])
-    derived["reply_bursts"] = bursts  # [ops, push s, took s, efficiency]
-    # Kept for the record, not fitted: the same stream with at most a window of ops in flight took as
-    # long as a burst or a little less, in link times (docs/ENGINE.md: not told apart from a burst).
-    derived["reply_windowed"] = [[g.get("window"), len(g["done"]),
-                                  round((max(g["done"]) - g["issued"][0] - startup) / (cost + g["link_bytes"] / rate), 3)]
-                                 for g in replies.get("windowed") or []]
-    if in_reply and duplex and bursts:
-        efficiency = statistics.median(b[3] for b in bursts)
+    streams = streams_of(link, list(replies.get("stream") or []) + list(replies.get("windowed") or []))
+    if in_reply and link.duplex and streams:
+        efficiency, derived["reply_streams"] = replay_fit(streams, workers, rate, efficiency)
         derived["reply_efficiency"] = efficiency
     return in_reply, efficiency
 

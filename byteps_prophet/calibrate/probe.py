@@ -15,6 +15,8 @@ when every worker sent them); worker 0 (``DMLC_WORKER_ID=0``) stamps them and pr
 5. ``replies`` (the KVStore): the same small-before-large pair, a large op alone and bursts of large
    and middle ops, each op one ``pushpull`` as the scheduled store sends its atoms (the server
    answers the push with the values; ``fit.py``: pull in reply, and the duplex efficiency of a burst);
+   ``windowed`` (BytePS): streams of 1 MB push_pulls with 3 or 6 in flight, as Prophet sends its atoms
+   (``fit.py``: the duplex efficiency of a stream whose pushes and pulls overlap);
 6. ``compute``: a fixed CPU workload timed alone, then while a background thread keeps the engine moving
    bytes (every worker does both, so the workers' own competition for the cores is in both).
 
@@ -47,6 +49,11 @@ STAGGER_REPS = 9
 # 0.67-0.85 over six (a loaded machine), so the median takes ten
 REPLY_REPS = 5
 WINDOWS, WINDOW_OPS, WINDOW_REPS = (2, 4), 12, 3  # the windowed pushpull streams: ops in flight at most, ops
+# The windowed push_pull streams (``windowed``, engines without pushpull): 1 MB ops, as Prophet's atoms on
+# BytePS, with 3 and 6 in flight (Prophet keeps 6-7 MB in flight while the big gradients go), long
+# enough (18 ops, about 1.5 s) that both directions of the server's link are busy for most of it; one
+# stream with 3 in flight took 1.84 s, the next 2.15 s (a loaded machine), so four of each.
+PUSH_PULL_WINDOWS, PUSH_PULL_WINDOW_OPS, PUSH_PULL_WINDOW_REPS, PUSH_PULL_WINDOW_SIZE = (3, 6), 18, 4, 3
 PAUSE_S = 0.05  # idle time before an op that must find the link idle
 STAGGER = 1.25  # the second large op of ``staggered``, in push times after the first
 COMPUTE_UNIT_S = 0.02
@@ -333,23 +340,30 @@ class Probe:
                 groups.append(self._burst(start, si, rep))
         return {"small_link_bytes": self.link_bytes(0), "big_link_bytes": self.link_bytes(big),
                 "behind_s": _r(behind), "big_alone_s": _r(alone), "stream": groups,
-                "windowed": self._windowed(big)}
+                "windowed": self._windowed(start, big, WINDOWS, WINDOW_OPS, WINDOW_REPS)}
 
-    def _windowed(self, si: int) -> list[dict]:
-        """``WINDOW_OPS`` ops of one size through ``start_reply``, at most a window of them in flight (the
-        next issued as the oldest completes, as a credit does): the same stream as a burst, with a bound
-        on what each worker has queued."""
+    def windowed(self) -> list[dict]:
+        """Push_pull ops with a window in flight, as Prophet and a credit send them: pushes and pulls
+        overlap for most of the stream (a burst sends every push before the first pull), so how long it
+        takes shows what running both directions of the server's link at once costs."""
+        return self._windowed(self.e.start, PUSH_PULL_WINDOW_SIZE, PUSH_PULL_WINDOWS, PUSH_PULL_WINDOW_OPS,
+                              PUSH_PULL_WINDOW_REPS)
+
+    def _windowed(self, start, si: int, windows, ops: int, reps: int) -> list[dict]:
+        """``ops`` ops of one size through ``start``, at most a window of them in flight (the next issued
+        as the oldest completes, as a credit does): the same stream as a burst, with a bound on what each
+        worker has queued."""
         groups = []
-        for rep, window in ((r, w) for r in range(WINDOW_REPS) for w in WINDOWS):
+        for rep, window in ((r, w) for r in range(reps) for w in windows):
             self.e.barrier()
             time.sleep(PAUSE_S)
             issued, done, handles = [], [], []
-            for slot in range(WINDOW_OPS):
+            for slot in range(ops):
                 if len(handles) - len(done) >= window:
                     self.e.wait(handles[len(done)])
                     done.append(self.now())
                 issued.append(self.now())
-                handles.append(self.e.start_reply(si, slot % self.e.counts[si]))
+                handles.append(start(si, slot % self.e.counts[si]))
             while len(done) < len(handles):
                 self.e.wait(handles[len(done)])
                 done.append(self.now())
@@ -460,6 +474,9 @@ def main(argv=None) -> int:
         if hasattr(engine, "start_reply"):
             out["replies"] = probe.replies()
             probe.say("pushpull (the answer carries the values) done")
+        else:
+            out["windowed"] = probe.windowed()
+            probe.say("push_pull streams with a window in flight done")
     out["compute"] = probe.compute(rate)
     probe.say("compute alone and while moving bytes done")
     engine.barrier()

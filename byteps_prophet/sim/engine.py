@@ -115,7 +115,7 @@ class SimResult:
         return self.iteration_starts[-1] - self.iteration_starts[0]
 
 
-class _EventLoop:
+class EventLoop:
     def __init__(self) -> None:
         self._heap: list = []
         self._seq = itertools.count()
@@ -143,9 +143,11 @@ class Simulation:
         self.cluster = cluster
         self.iterations = iterations
         self.warmup = min(warmup, max(0, iterations - 2))
-        self.loop = _EventLoop()
+        self.loop = EventLoop()
         self.conditions = Conditions(cluster.bandwidth, cluster.bandwidth_steps, cluster.compute_steps)
         traits = cluster.traits
+        if settings.atom_elements and traits.atom_elements:  # the plugin's atoms, as BYTEPS_PROPHET_ATOM_ELEMENTS sets them
+            traits = traits.replace(atom_elements=settings.atom_elements)
         network = ParameterServerNetwork if traits.is_parameter_server else RingAllReduceNetwork
         self.network = network(cluster.workers, traits, self.conditions, cluster.latency, self.loop.at, self.loop.now)
         # A real engine's scheduler measures its link as the plugins do (start-up latency apart).
@@ -285,3 +287,26 @@ def layers_from(model, times) -> list[Layer]:
         Layer(t.name, tuple(t.shape), fwd, bwd, getattr(t, "itemsize", 4))
         for t, fwd, bwd in zip(model.tensors, times.fwd_s, times.bwd_s)
     ]
+
+
+def stream_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_bytes: int, ops: int,
+                  window: int) -> list[float]:
+    """When the simulator's network completes each of ``ops`` ops of ``tensor_bytes``, sent from time 0
+    with at most ``window`` in flight (the next as one completes; ``window=ops``: all at once): the
+    calibration's back-to-back groups and windowed streams, replayed (``calibrate/fit.py``)."""
+    loop = EventLoop()
+    kind = ParameterServerNetwork if traits.is_parameter_server else RingAllReduceNetwork
+    network = kind(workers, traits, Conditions(bandwidth), 0.0, loop.at, loop.now)
+    tasks = [Task(f"op{i}", i, (max(1, tensor_bytes // 4),)) for i in range(ops)]
+    done: list[float] = []
+
+    def finished(_task) -> None:
+        done.append(loop.time)
+        following = len(done) + window - 1
+        if following < ops:
+            network.send(tasks[following])
+
+    network.on_finished = finished
+    loop.at(0.0, lambda _: [network.send(task) for task in tasks[:window]])
+    loop.run()
+    return done

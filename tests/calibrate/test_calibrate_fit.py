@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from byteps_prophet.calibrate.fit import burst_efficiency, fit_link, link_factor, service_samples, traits_from
-from byteps_prophet.core.engine import SCHEMA, load_engine, save_engine
+from byteps_prophet.calibrate.fit import fit_link, link_factor, service_samples, traits_from
+from byteps_prophet.core.engine import SCHEMA, EngineTraits, load_engine, save_engine
+from byteps_prophet.sim.engine import stream_done_s
 from byteps_prophet.errors import ConfigError
 
 RATE = 25e6  # bytes/s
@@ -14,7 +15,7 @@ COST = 0.002  # s per message
 LATENCY = 0.010  # s an op waits on an idle link before its bytes move
 
 
-def group(link_bytes, count, *, pairs=False, start=0.0, shared=1):
+def group(link_bytes, count, *, pairs=False, start=0.0, shared=1, size_index=0, factor=2):
     """Back-to-back ops of one size on a FIFO link: all issued at once, completing one service apart
     (``pairs``: two at a time, as gloo runs two collectives at once: same mean, alternating gaps)."""
     service = (COST + link_bytes / RATE) * shared  # shared=2: push and pull take turns on the link
@@ -22,14 +23,40 @@ def group(link_bytes, count, *, pairs=False, start=0.0, shared=1):
     done = [start + LATENCY + service * (i + 1) for i in range(count)]
     if pairs:
         done = [start + LATENCY + service * (i + 1 + (0.8 if i % 2 == 0 else 0)) for i in range(count)]
-    return {"link_bytes": link_bytes, "tensor_bytes": link_bytes / 2, "issued": issued, "done": done}
+    return {"size_index": size_index, "link_bytes": link_bytes, "tensor_bytes": link_bytes / factor,
+            "issued": issued, "done": done}
+
+
+def engine_of(backend, *, follows=True, duplex=True, backpressure=True, efficiency=1.0):
+    """The traits a probe output of ``raw_output``'s arguments describes (the model the fit inverts)."""
+    stages = 1 if backend == "gloo" else 2
+    return EngineTraits(name=backend, stages=stages, pulls_follow_pushes=follows and stages == 2,
+                        message_cost_s=COST, startup_latency_s=LATENCY, duplex=duplex,
+                        servers=1 if stages == 2 else 0, backpressure=backpressure and follows and stages == 2,
+                        duplex_efficiency=efficiency)
+
+
+def simulated(traits, tensor_bytes, ops, window=None, start=0.0, size_index=4):
+    """A stream as the simulator's network runs it on the engine ``traits``, at RATE with 2 workers: a
+    back-to-back group, or with ``window`` a windowed one."""
+    done = stream_done_s(traits, RATE, 2, int(tensor_bytes), ops, window or ops)
+    factor = link_factor(traits.name, 2, traits.servers)
+    out = {"size_index": size_index, "link_bytes": tensor_bytes * factor, "tensor_bytes": int(tensor_bytes),
+           "issued": [start] * ops, "done": [start + t for t in sorted(done)]}
+    return {**out, "window": window} if window else out
 
 
 def raw_output(backend="byteps", *, follows=True, duplex=True, slowdown=1.25, pairs=False, backpressure=True,
                transfers=3.25):
     stages = 1 if backend == "gloo" else 2
+    factor = link_factor(backend, 2, 1 if stages == 2 else 0)
     sizes = [32_768, 131_072, 524_288, 2_097_152, 4_194_304]
-    stream = [group(x, 6, pairs=pairs, start=10.0 * k, shared=1 if duplex else 2) for k, x in enumerate(sizes * 2)]
+    engine = engine_of(backend, follows=follows, duplex=duplex, backpressure=backpressure,
+                       efficiency=1 / (1 + max(0.0, transfers - 3.25) / 0.75) if duplex else 1.0)
+    # the largest size's groups as the simulator runs them (they decide the rate the engine sustains)
+    stream = [group(x, 6, pairs=pairs, start=10.0 * k, shared=1 if duplex else 2, size_index=k % 5, factor=factor)
+              if k % 5 < 4 else simulated(engine, x / factor, 6, start=10.0 * k)
+              for k, x in enumerate(sizes * 2)]
     one = lambda x: COST + x / RATE  # noqa: E731
     alone = lambda x, reps: {"link_bytes": x, "flight_s": [LATENCY + stages * one(x)] * reps}  # noqa: E731
     small_alone = LATENCY + stages * one(sizes[0])
@@ -209,16 +236,16 @@ def test_cli_misuse_exits_2_with_one_line(tmp_path):
 def replies(raw, *, in_reply=True, efficiency=0.85, ops=6):
     """The probe's pushpull phase of the engine ``raw`` describes: the small op before a large one
     waits only its own round trip (``in_reply``) or the large push too; bursts of ``ops`` large ops
-    done when the simulator's network at ``efficiency`` would finish them (fit.burst_efficiency)."""
+    and windowed streams done when the simulator's network at ``efficiency``, the pull in the reply,
+    finishes them."""
     big = raw["alone"]["big"]["link_bytes"]
     small = raw["alone"]["small"]["flight_s"][0]
     push = COST + big / RATE
-    took = push * (2 + (ops - 1) * (2 - efficiency))
-    stream = [{"link_bytes": big, "issued": [20.0 * k] * ops,
-               "done": [20.0 * k + LATENCY + took * (i + 1) / ops for i in range(ops)]}
-              for k in range(3)]
+    engine = engine_of("kvstore", efficiency=efficiency).replace(pull_in_reply=True)
+    stream = [simulated(engine, big / 2, ops, start=20.0 * k) for k in range(3)]
+    windowed = [simulated(engine, big / 2, 12, window=w, start=80.0 + 20 * w) for w in (2, 4)]
     return {"behind_s": [small + (0 if in_reply else push)] * 3, "big_alone_s": [LATENCY + 2 * push] * 3,
-            "stream": stream}
+            "stream": stream, "windowed": windowed}
 
 
 def test_a_pull_in_the_reply_is_a_small_op_not_waiting_for_the_large_push():
@@ -229,31 +256,42 @@ def test_a_pull_in_the_reply_is_a_small_op_not_waiting_for_the_large_push():
     raw["replies"] = replies(raw)
     traits, derived = traits_from(raw, nominal_bytes_per_s=RATE)
     assert traits.pull_in_reply and traits.pulls_follow_pushes  # the schedulers' rule stays as measured
-    assert traits.duplex_efficiency == pytest.approx(0.85, abs=1e-3)
-    assert [b[3] for b in derived["reply_bursts"]] == [pytest.approx(0.85, abs=1e-3)] * 3
+    assert traits.duplex_efficiency == pytest.approx(0.85, abs=2e-3)
+    assert [sim for *_, sim in derived["reply_streams"]] == pytest.approx(
+        [took for *_, took, _ in derived["reply_streams"]], rel=2e-3)
     raw["replies"] = replies(raw, in_reply=False)
     traits, derived = traits_from(raw, nominal_bytes_per_s=RATE)
     assert not traits.pull_in_reply and traits.duplex_efficiency == 1.0
     assert not traits_from(raw_output("kvstore"), nominal_bytes_per_s=RATE)[0].pull_in_reply  # no phase: old
-    raw["replies"] = {"behind_s": [0.1], "stream": [{"issued": [0.0]}]}  # a burst without completions
+    raw["replies"] = {"behind_s": [0.1], "stream": [{"issued": [0.0], "done": [0.1, 0.2]}]}  # no size
     with pytest.raises(ConfigError, match="'replies' is malformed"):
         traits_from(raw, nominal_bytes_per_s=RATE)
 
 
-def test_burst_efficiency_is_the_one_the_simulators_network_finishes_the_burst_with():
-    """The fit's closed form against the simulator itself: a burst of pushpull ops through the network
-    at the fitted efficiency ends when the measured one did (the trait means what the model does)."""
-    from tests.sim.test_engine_traits import ps, task
+def test_the_largest_bursts_are_replayed_for_the_record():
+    """Without windowed streams (gloo, an older probe output) the largest back-to-back groups are only
+    replayed: the simulator at the fitted traits finishes them when they finished, the efficiency is the
+    staggered pair's."""
+    traits, derived = traits_from(raw_output("byteps"), nominal_bytes_per_s=RATE)
+    assert [window for window, *_ in derived["sustained"]] == [6, 6] and "windowed_efficiency" not in derived
+    assert [sim for *_, sim in derived["sustained"]] == pytest.approx([took for *_, took, _ in derived["sustained"]],
+                                                                      rel=1e-3)
+    assert traits.duplex_efficiency == 1.0
 
-    from byteps_prophet.core import EngineTraits
 
-    for ops, e in ((6, 0.87), (8, 0.77), (4, 1.0)):
-        net, loop = ps(EngineTraits(stages=2, pulls_follow_pushes=True, backpressure=True, servers=1,
-                                    pull_in_reply=True, duplex_efficiency=e), workers=2)
-        for i in range(ops):
-            net.send(task(f"op{i}", 1_000_000))  # 2 ms through the server's ingress: two workers' pushes
-        took = max(loop.run().values())
-        assert burst_efficiency(ops, 0.002, took) == pytest.approx(e, abs=1e-9)
-    assert burst_efficiency(6, 0.002, 0.001) == 1.0 and burst_efficiency(6, 0.002, 1.0) == 0.5  # clamped
-    with pytest.raises(ConfigError, match="too short"):
-        burst_efficiency(1, 0.002, 0.004)
+def test_windowed_streams_give_what_both_directions_busy_at_once_cost():
+    """push_pull streams with 3 or 6 ops in flight overlap pushes and pulls as Prophet's do: the
+    efficiency is the one the simulator's network finishes them with (0.88 here), at the rate of the
+    ops alone; the staggered pair (3.25 transfers: 1) no longer decides it. A stream without its
+    size is one line."""
+    engine = engine_of("byteps", efficiency=0.88)
+    raw = raw_output("byteps")
+    raw["windowed"] = [simulated(engine, 1_048_576, 18, window=w, size_index=3) for w in (3, 6, 3, 6)]
+    traits, derived = traits_from(raw, nominal_bytes_per_s=RATE)
+    assert traits.duplex_efficiency == pytest.approx(0.88, abs=0.002)
+    assert traits.bandwidth_bytes_per_s == pytest.approx(RATE, rel=2e-3)
+    assert derived["windowed_efficiency"] == traits.duplex_efficiency
+    assert traits_from(raw_output("byteps"), nominal_bytes_per_s=RATE)[0].duplex_efficiency == 1.0
+    del raw["windowed"][0]["tensor_bytes"]
+    with pytest.raises(ConfigError, match="sustained streams are malformed"):
+        traits_from(raw, nominal_bytes_per_s=RATE)

@@ -51,4 +51,4 @@ def test_kvstore_calibration_tells_the_pull_in_the_reply_from_a_pull_request(tmp
     derived = json.loads(out.read_text())["measured"]["derived"]
     assert traits.pulls_follow_pushes and derived["behind_extra_s"] > 0.5 * derived["big_push_s"], derived
     assert traits.pull_in_reply and derived["reply_behind_extra_s"] < 0.5 * derived["big_push_s"], derived
-    assert len(derived["reply_bursts"]) == 10 and 0.5 <= traits.duplex_efficiency <= 1.0
+    assert len(derived["reply_streams"]) == 16 and 0.5 <= traits.duplex_efficiency <= 1.0

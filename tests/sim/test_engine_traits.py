@@ -270,3 +270,30 @@ def test_the_hold_never_asks_for_the_same_instant_forever():
     result = sim.run()
     assert sim.scheduler.planned_iterations > 0
     assert len(ticks) < 2 * len(result.sent), (len(ticks), len(result.sent))
+
+
+def test_the_plugins_atom_setting_sets_the_simulated_engines_atoms():
+    """BYTEPS_PROPHET_ATOM_ELEMENTS (Settings.atom_elements) sets the atoms in the simulator as in the
+    plugin (BytePS-MXNet sends Prophet's atoms as ByteScheduler's partition, 1 M elements); an engine
+    without atoms (gloo, the ideal ones) keeps none."""
+    cluster = ClusterSpec(workers=2, bandwidth=0.25e9, engine=PRESETS["byteps"])
+    own = Simulation(layers(), cluster, Settings(scheduler="prophet"), iterations=6, warmup=2)
+    set_ = Simulation(layers(), cluster, Settings(scheduler="prophet", atom_elements=65_536), iterations=6, warmup=2)
+    assert own.scheduler.cut_elements == 250_000 and own.network.traits.atom_elements == 250_000
+    assert set_.scheduler.cut_elements == 65_536 and set_.network.traits.atom_elements == 65_536
+    ideal = Simulation(layers(), ClusterSpec(workers=2, bandwidth=0.25e9), Settings(atom_elements=65_536), 6, 2)
+    assert ideal.network.traits.atom_elements == 0
+
+
+def test_a_stream_replayed_with_a_window_pipelines_and_a_burst_sends_every_push_first():
+    """``stream_done_s``, the calibration's streams as the network runs them: with back-pressure and
+    pulls following pushes a burst completes after every push and every pull (2 x ops pushes through
+    the server's ingress, two workers), a window of one after each op's own round trip."""
+    from byteps_prophet.sim.engine import stream_done_s
+
+    engine = EngineTraits(stages=2, pulls_follow_pushes=True, backpressure=True, servers=1)
+    push = 2 * 1_000_000 / RATE  # two workers' pushes of 1 MB through one server's ingress
+    burst = stream_done_s(engine, RATE, 2, 1_000_000, 4, 4)
+    assert min(burst) == pytest.approx(5 * push) and max(burst) == pytest.approx(8 * push)
+    one_at_a_time = stream_done_s(engine, RATE, 2, 1_000_000, 4, 1)
+    assert one_at_a_time == pytest.approx([2 * push * (i + 1) for i in range(4)])
