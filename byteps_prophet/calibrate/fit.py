@@ -76,36 +76,36 @@ def streams_of(traits: EngineTraits, groups: Sequence[Mapping[str, Any]]) -> lis
             for g in groups if len(g["done"]) >= 2]
 
 
-def replay_fit(streams: Sequence[tuple], workers: int, rate: float, efficiency: float, *,
-               fit: bool = True) -> tuple[float, list[list]]:
-    """``(duplex_efficiency, fits)``: the efficiency with which the simulator's network
-    (``sim/network.py``, ``stream_done_s``) at ``rate`` finishes the probe's ``streams`` (``streams_of``)
-    closest to when they did, least squares of the log ratio over all of them on a grid in [0.5, 1]
-    (0.05 steps, then 0.005 and 0.001); ``efficiency`` as given where not ``fit``. One value fitted to
-    all, not a median of each stream's own: a stream with a deep window hardly depends on it (its pulls
-    wait behind pushes anyway), so its own fit swings with every millisecond of noise. ``fits``: per
-    stream ``[window, ops, took s, simulated s]``. The rate stays the one ops alone read: fitted
-    together, rate and efficiency traded against each other from one calibration to the next (24.4 to
-    26.8 MB/s, 0.92 to 0.75 at 200 Mbit/s), and FIFO's replay, which only the rate decides, moved with it."""
+def replay_fit(streams: Sequence[tuple], workers: int, rate: float, efficiency: float, *, fit_rate: bool = False,
+               fit_efficiency: bool = True) -> tuple[float, float, list[list]]:
+    """``(rate, duplex_efficiency, fits)`` with which the simulator's network (``sim/network.py``,
+    ``stream_done_s``) finishes the probe's ``streams`` (``streams_of``) closest to when they did:
+    least squares of the log ratio over all of them on a grid (rate in 2% steps around ``rate``, then
+    0.25% and 0.03%; efficiency in [0.5, 1] in 0.05 steps, then 0.005 and 0.001); what is not fitted
+    stays as given. One value fitted to all, not a median of each stream's own: a stream with a deep
+    window hardly depends on the efficiency (its pulls wait behind pushes anyway), so its own fit swings
+    with every millisecond of noise. ``fits``: per stream ``[window, ops, took s, simulated s]``."""
     from byteps_prophet.sim.engine import stream_done_s
 
     if not streams:
         raise ValueError("no streams to fit")
 
-    def simulated(e: float) -> list[float]:
-        return [max(stream_done_s(traits.replace(duplex_efficiency=e), rate, workers, tensor, ops, window))
+    def simulated(r: float, e: float) -> list[float]:
+        return [max(stream_done_s(traits.replace(duplex_efficiency=e), r, workers, tensor, ops, window))
                 for traits, window, ops, tensor, _ in streams]
 
-    def misfit(e: float) -> float:
-        return sum(math.log(sim / stream[-1]) ** 2 for sim, stream in zip(simulated(e), streams))
+    def misfit(point: tuple[float, float]) -> float:
+        return sum(math.log(sim / stream[-1]) ** 2 for sim, stream in zip(simulated(*point), streams))
 
-    if fit:
-        for step in (0.05, 0.005, 0.001):
-            efficiency = min(dict.fromkeys(min(1.0, max(0.5, efficiency + step * k)) for k in range(-10, 11)),
-                             key=misfit)
+    best = (rate, efficiency)
+    for rate_step, e_step in ((0.02, 0.05), (0.0025, 0.005), (0.0003, 0.001)):
+        rates = [best[0] * (1 + rate_step * k) for k in range(-10, 11)] if fit_rate else [best[0]]
+        effs = ([min(1.0, max(0.5, best[1] + e_step * k)) for k in range(-10, 11)] if fit_efficiency
+                else [best[1]])
+        best = min(((r, e) for r in rates for e in dict.fromkeys(effs)), key=misfit)
     fits = [[window, ops, round(took, 6), round(sim, 6)]
-            for sim, (_, window, ops, _, took) in zip(simulated(efficiency), streams)]
-    return round(efficiency, 4), fits
+            for sim, (_, window, ops, _, took) in zip(simulated(*best), streams)]
+    return best[0], round(best[1], 4), fits
 
 
 def stages_of(backend: str) -> int:
@@ -247,11 +247,14 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
     else:
         derived["duplex_assumed"] = True  # unshaped loopback: nothing to tell it from
 
-    # What both directions of a server's link busy at once cost, from streams that keep them so for
-    # most of their time, as training does (the staggered pair overlaps them for 0.75 transfers only):
-    # BytePS's windowed push_pull streams (with the largest back-to-back groups, plain push and pull),
-    # replayed by the simulator's network. Without them (gloo, older probe outputs) the streams are
-    # only replayed for the record.
+    # Long streams, replayed by the simulator's network. All-reduce: the rate from the largest
+    # back-to-back groups, one collective after another (ops alone read gloo's 1 Gbit/s link at
+    # 107-121%: a small op's noise tilts the line, and the token bucket lets 1 ms through early; these
+    # groups read 119.0-119.6 MB/s over two calibrations). A parameter server's groups overlap pushes
+    # and pulls in ways the model does not (24.1-26.8 MB/s at 200 Mbit/s), so its rate stays the ops
+    # alone one. What both directions busy at once cost comes from streams that keep them so for most
+    # of their time, as training does (the staggered pair overlaps them for 0.75 transfers only):
+    # BytePS's windowed push_pull streams, with the largest back-to-back groups (plain push and pull).
     link = EngineTraits(name=backend, stages=stages, pulls_follow_pushes=follows, message_cost_s=max(0.0, cost),
                         startup_latency_s=startup, duplex=bool(duplex), servers=servers if stages == 2 else 0,
                         backpressure=bool(pressed), duplex_efficiency=efficiency)
@@ -259,7 +262,9 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         largest = max((int(g["size_index"]) for g in stream), default=None)
         windowed = (raw.get("windowed") or []) if stages == 2 and duplex else []
         streams = streams_of(link, [g for g in stream if int(g["size_index"]) == largest] + list(windowed))
-        efficiency, derived["sustained"] = replay_fit(streams, workers, rate, efficiency, fit=bool(windowed))
+        derived["alone_bytes_per_s"] = rate
+        rate, efficiency, derived["sustained"] = replay_fit(streams, workers, rate, efficiency, fit_rate=stages == 1,
+                                                            fit_efficiency=bool(windowed))
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"calibration: the probe output's sustained streams are malformed ({err!r}); valid: "
                           f"the 'stream' and 'windowed' phases of byteps_prophet.calibrate.probe") from None
@@ -312,7 +317,7 @@ def _replies(replies: Mapping[str, Any], derived: dict, link: EngineTraits, work
     derived.update(reply_behind_s=behind_s, reply_behind_extra_s=extra)
     streams = streams_of(link, list(replies.get("stream") or []) + list(replies.get("windowed") or []))
     if in_reply and link.duplex and streams:
-        efficiency, derived["reply_streams"] = replay_fit(streams, workers, rate, efficiency)
+        _, efficiency, derived["reply_streams"] = replay_fit(streams, workers, rate, efficiency)
         derived["reply_efficiency"] = efficiency
     return in_reply, efficiency
 

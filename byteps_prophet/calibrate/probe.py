@@ -40,7 +40,7 @@ GROUP_S = 0.4  # seconds of link time a group aims at
 # At least 6 ops a group: a parameter server interleaves a burst of pushes, so its first completion
 # comes late and the rest bunch up after it; the slope over 6+ completions is its pull-side service.
 MIN_GROUP, MAX_GROUP = 6, 10
-REPS = 2
+REPS = 4  # the per-message cost moved 0.95-1.35 ms between calibrations of gloo with two
 ALONE_REPS, BIG_ALONE_REPS, BEHIND_REPS = 6, 3, 3
 # The staggered pair decides duplex and its efficiency, a 2% effect: with 3 repetitions BytePS's pair
 # spread over 10% (0.52-0.58 s) and two calibrations read 3.31 and 3.18 transfers; 9 take ~4 s more.
