@@ -332,12 +332,12 @@ class Prophet(ByteScheduler):
         return head if len(members) == 1 else Fused(members)
 
     def _window_full(self) -> bool:
-        """Whether what is in flight fills the flight window, the larger of one chunk per stage and
-        the link's rate times its start-up latency (DESIGN.md, "Flight window"). The monitor is read
-        only past the first: most calls find less in flight."""
+        """Whether what is in flight fills the flight window: one chunk per stage plus what the link
+        carries in one start-up latency (DESIGN.md, "Flight window"). The monitor is read only past
+        the chunks: most calls find less in flight."""
         if self.in_flight_bytes < self._flight_depth:
             return False
-        return self.in_flight_bytes >= self.bandwidth.bytes_per_s * self.bandwidth.latency
+        return self.in_flight_bytes >= self._flight_depth + self.bandwidth.bytes_per_s * self.bandwidth.latency
 
     def _link_keeps_up(self) -> bool:
         """Whether the profiled arrivals, served in arrival order at the rate measured over the last
