@@ -32,7 +32,8 @@ on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate 
   finishes them with when they finished: BytePS's windowed push_pull streams (with its largest
   back-to-back groups), the KVStore's ``pushpull`` bursts and windowed streams, where the pull comes
   in the reply;
-* **compute slowdown**: a fixed CPU workload while the engine moves bytes, over the same alone.
+* **compute slowdown**: a fixed CPU workload while the engine moves bytes, over the same alone;
+* **comm slowdown**: the same bytes moved beside that workload, over moved alone.
 
 "Link bytes" are what the busiest link carries per op in each direction: a ring all-reduce of S bytes
 over n workers moves 2(n-1)/n S over every link; a parameter server's link carries the pushes of every
@@ -293,6 +294,13 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         slowdown = 1.0
         derived["compute_missing"] = True
     slowdown = min(max(slowdown, 1.0), 9.99)
+    mover_alone, mover_busy = compute.get("mover_alone_s") or [], compute.get("mover_busy_s") or []
+    comm_slowdown = 1.0
+    if mover_alone and mover_busy:  # the same bytes moved beside the workload, over alone
+        comm_slowdown = statistics.median(mover_busy) / statistics.median(mover_alone)
+        derived.update(mover_alone_s=statistics.median(mover_alone), mover_busy_s=statistics.median(mover_busy),
+                       comm_ratio=comm_slowdown)
+        comm_slowdown = min(max(comm_slowdown, 1.0), 9.99)
 
     if atom_elements is None:
         atom_elements = 0 if backend == "gloo" else DEFAULT_ATOM_ELEMENTS
@@ -300,6 +308,7 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         name=backend, stages=stages, pulls_follow_pushes=follows, message_cost_s=_round(cost),
         startup_latency_s=_round(startup), atom_elements=int(atom_elements), duplex=bool(duplex),
         servers=servers if stages == 2 else 0, compute_slowdown=round(slowdown, 4),
+        comm_slowdown=round(comm_slowdown, 4),
         bandwidth_bytes_per_s=round(rate, 1), backpressure=bool(pressed),
         duplex_efficiency=round(efficiency, 4), pull_in_reply=bool(in_reply),
     )

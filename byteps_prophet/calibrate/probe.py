@@ -18,7 +18,8 @@ when every worker sent them); worker 0 (``DMLC_WORKER_ID=0``) stamps them and pr
    ``windowed`` (BytePS): streams of 1 MB push_pulls with 3 or 6 in flight, as Prophet sends its atoms
    (``fit.py``: the duplex efficiency of a stream whose pushes and pulls overlap);
 6. ``compute``: a fixed CPU workload timed alone, then while a background thread keeps the engine moving
-   bytes (every worker does both, so the workers' own competition for the cores is in both).
+   bytes (every worker does both, so the workers' own competition for the cores is in both); and the
+   same bytes moved alone, against how long they took beside the workload.
 
 Only the engine's own API is used (``torch.distributed`` all-reduce, ``byteps.torch`` push_pull,
 ``mx.kv`` push/pull and pushpull), no scheduler: what is measured is the engine.
@@ -394,26 +395,39 @@ class Probe:
         big = len(SIZES) - 1
         count = e.counts[big]
         rounds = max(1, math.ceil(BUSY_S / CYCLES * rate / (count * self.link_bytes(big))))
-        alone, busy = [], []
+        alone, busy, mover_alone, mover_busy = [], [], [], []
         for _ in range(CYCLES):  # alternating: a drift of the machine's load hits both sides alike
             e.barrier()
             alone += alone_phase()
             e.barrier()
-            busy += self._busy(reps, rounds, big, count)
+            t = time.monotonic()
+            self._move(rounds, big, count)
+            mover_alone.append(time.monotonic() - t)
+            e.barrier()
+            computed, moved = self._busy(reps, rounds, big, count)
+            busy += computed
+            mover_busy.append(moved)
         return {"unit_reps": reps, "alone_s": _r(alone), "busy_s": _r(busy), "mover_rounds": rounds,
-                "cycles": CYCLES}
+                "mover_alone_s": _r(mover_alone), "mover_busy_s": _r(mover_busy), "cycles": CYCLES}
 
-    def _busy(self, reps: int, rounds: int, big: int, count: int) -> list[float]:
+    def _move(self, rounds: int, big: int, count: int) -> None:
+        """``rounds`` bursts of ``count`` large ops, each waited for: the mover of the compute phase."""
+        for _ in range(rounds):
+            handles = [self.e.start(big, slot) for slot in range(count)]
+            for h in handles:
+                self.e.wait(h)
+
+    def _busy(self, reps: int, rounds: int, big: int, count: int) -> tuple[list[float], float]:
+        """Compute units timed while a background thread moves the bytes of ``_move``, and how long
+        the moving took beside them."""
         e = self.e
         busy_until = [float("inf")]
         failure: list[BaseException] = []
+        started = time.monotonic()
 
         def move_bytes():
             try:
-                for _ in range(rounds):
-                    handles = [e.start(big, slot) for slot in range(count)]
-                    for h in handles:
-                        e.wait(h)
+                self._move(rounds, big, count)
             except BaseException as err:  # noqa: BLE001 - reported by the main thread
                 failure.append(err)
             busy_until[0] = time.monotonic()
@@ -431,7 +445,7 @@ class Probe:
         mover.join()
         if failure:
             raise failure[0]
-        return busy
+        return busy, busy_until[0] - started
 
 
 def _r(values):

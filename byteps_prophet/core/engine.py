@@ -12,11 +12,11 @@ Engine profile, version 1::
      "traits": {"name": "byteps", "stages": 2, "pulls_follow_pushes": true, "message_cost_s": 0.0004,
                 "startup_latency_s": 0.006, "atom_elements": 250000, "duplex": true, "servers": 1,
                 "compute_slowdown": 1.1, "bandwidth_bytes_per_s": 23000000.0, "backpressure": true,
-                "duplex_efficiency": 0.93, "pull_in_reply": false},
+                "duplex_efficiency": 0.93, "pull_in_reply": false, "comm_slowdown": 1.2},
      "measured": {...}}   # optional: the calibration's raw samples and setup, kept for the record
 
 Unknown keys in ``traits`` are an error (a typo would silently keep a default). A trait added later
-(``backpressure``, ``duplex_efficiency``, ``pull_in_reply``) takes its default when a file lacks it, so older profiles stay loadable.
+(``backpressure``, ``duplex_efficiency``, ``pull_in_reply``, ``comm_slowdown``) takes its default when a file lacks it, so older profiles stay loadable.
 """
 from __future__ import annotations
 
@@ -63,6 +63,9 @@ class EngineTraits:
     servers: int = 0
     # Compute time x this while the engine has bytes in flight (its threads share the cores).
     compute_slowdown: float = 1.0
+    # And the other way round: bytes move at the link's rate / this while the worker computes (the
+    # engine's threads, and the reductions of an all-reduce, get the cores the training leaves).
+    comm_slowdown: float = 1.0
     # The link's rate as measured by calibration (0: not measured; take the cluster's nominal rate).
     bandwidth_bytes_per_s: float = 0.0
     # A worker's pushes leave its queue only as fast as the server's ingress, shared by the workers it
@@ -92,8 +95,10 @@ class EngineTraits:
                "an integer >= 0 (elements; 0 = no atoms)")
         _check(_is_int(self.servers) and self.servers >= 0, "servers", self.servers,
                "an integer >= 0 (0 = as many as workers)")
-        _check(isinstance(self.compute_slowdown, (int, float)) and 1 <= self.compute_slowdown < 10,
-               "compute_slowdown", self.compute_slowdown, "a number in [1, 10)")
+        for name in ("compute_slowdown", "comm_slowdown"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and 1 <= value < 10, name, value,
+                   "a number in [1, 10)")
         _check(isinstance(self.duplex, bool), "duplex", self.duplex, "true or false")
         _check(isinstance(self.backpressure, bool), "backpressure", self.backpressure, "true or false")
         _check(isinstance(self.duplex_efficiency, (int, float)) and not isinstance(self.duplex_efficiency, bool)

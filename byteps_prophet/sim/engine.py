@@ -156,6 +156,7 @@ class Simulation:
         self.scheduler.on_wakeup = self._wake_at
         self._next_tick = math.inf
         self.network.on_finished = self._on_piece_finished
+        self.network.computing = self._computing
         self._sent: list[Task] = []
         self._messages: list[int] = []
         self._trace = SpanLog(trace_iteration) if trace_iteration is not None else None
@@ -167,6 +168,11 @@ class Simulation:
         self._pace = 1.0  # the slowest worker's compute factor this iteration
 
     # -- compute ---------------------------------------------------------------------------------------
+    def _computing(self) -> bool:
+        """Whether the worker computes now: always, but while a forward layer waits for its parameters
+        and after the last iteration."""
+        return self._waiting_for is None and self._iteration < self.iterations
+
     def _compute_time(self, seconds: float) -> float:
         factor = self._pace * self.conditions.compute_factor(self.loop.time)
         if self.network.in_flight:  # the engine's threads share the cores

@@ -7,7 +7,7 @@ message pays the engine's ``message_cost_s`` on every link it occupies (once per
 sends fixed atoms) plus its bytes over the link's bandwidth, and one-way ``latency`` (propagation, not
 occupying the link). An op reaches the link only ``startup_latency_s`` after it is sent; ops already
 queued overlap that wait. With bandwidth on a schedule, a message is charged at the bandwidth in force
-when it starts on a link.
+when it starts on a link, over the engine's ``comm_slowdown`` if the worker computes when it is sent.
 """
 from __future__ import annotations
 
@@ -59,6 +59,13 @@ class _Network:
         self._schedule, self._now = schedule, now
         self.on_finished: Callable = lambda task: None
         self.in_flight = 0  # messages sent and not yet finished
+        self.computing: Callable[[], bool] = lambda: False  # whether the worker computes (the simulation's)
+
+    def rate(self, t: float) -> float:
+        """The link's bytes/s for a message starting at ``t``: the conditions' bandwidth, over the
+        engine's ``comm_slowdown`` while the worker computes."""
+        bandwidth = self.conditions.bandwidth(t)
+        return bandwidth / self.traits.comm_slowdown if self.computing() else bandwidth
 
     def _done_at(self, when: float, task) -> None:
         self._schedule(when, self._finished, task)
@@ -110,7 +117,7 @@ class ParameterServerNetwork(_Network):
         nbytes, cost = task.nbytes, self.overhead * self._messages(task)
         up = self._up
         up_start = max(self._now() + self.traits.startup_latency_s, up.free)
-        wire = nbytes / self.conditions.bandwidth(up_start)
+        wire = nbytes / self.rate(up_start)
         up.free = up_end = up_start + cost + wire
         server_start = max(up_start, self._server_in.free)
         ingress = self._stretched(server_start + cost, self.fan_in * wire, self._server_out.free)
@@ -132,7 +139,7 @@ class ParameterServerNetwork(_Network):
     def _pull(self, task, cost: float, ready: float) -> None:
         nbytes = task.nbytes
         egress_start = max(ready, self._server_out.free)
-        egress_wire = nbytes / self.conditions.bandwidth(egress_start)
+        egress_wire = nbytes / self.rate(egress_start)
         egress = self._stretched(egress_start + cost, self.fan_in * egress_wire, self._server_in.free)
         self._server_out.free = egress_end = egress_start + cost + egress
         down = self._down
@@ -183,7 +190,7 @@ class RingAllReduceNetwork(_Network):
     def send(self, task) -> None:
         self.in_flight += 1
         start = max(self._now() + self.traits.startup_latency_s, self._free)
-        self._free = start + self._duration(task.nbytes, self.conditions.bandwidth(start), self._messages(task))
+        self._free = start + self._duration(task.nbytes, self.rate(start), self._messages(task))
         self._done_at(self._free, task)
 
     def sync_time(self, nbytes: int, bandwidth: float) -> float:

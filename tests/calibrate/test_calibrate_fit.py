@@ -47,7 +47,7 @@ def simulated(traits, tensor_bytes, ops, window=None, start=0.0, size_index=4):
 
 
 def raw_output(backend="byteps", *, follows=True, duplex=True, slowdown=1.25, pairs=False, backpressure=True,
-               transfers=3.25):
+               transfers=3.25, comm_slowdown=1.2):
     stages = 1 if backend == "gloo" else 2
     factor = link_factor(backend, 2, 1 if stages == 2 else 0)
     sizes = [32_768, 131_072, 524_288, 2_097_152, 4_194_304]
@@ -62,7 +62,8 @@ def raw_output(backend="byteps", *, follows=True, duplex=True, slowdown=1.25, pa
     small_alone = LATENCY + stages * one(sizes[0])
     out = {"backend": backend, "workers": 2, "servers": 1 if stages == 2 else 0, "stream": stream,
            "alone": {"small": alone(sizes[0], 6), "mid": alone(sizes[-2], 3), "big": alone(sizes[-1], 3)},
-           "compute": {"alone_s": [0.020, 0.021, 0.019], "busy_s": [0.020 * slowdown] * 5}}
+           "compute": {"alone_s": [0.020, 0.021, 0.019], "busy_s": [0.020 * slowdown] * 5,
+                       "mover_alone_s": [0.50, 0.52, 0.49], "mover_busy_s": [0.50 * comm_slowdown] * 3}}
     if stages == 2:  # the second large op's push overlaps the first's pull on a duplex link
         pair = LATENCY + 2 * stages * COST + (transfers if duplex else 4) * sizes[-1] / RATE
         out["staggered"] = {"link_bytes": sizes[-1], "flight_s": [pair] * 3}
@@ -295,3 +296,15 @@ def test_windowed_streams_give_what_both_directions_busy_at_once_cost():
     del raw["windowed"][0]["tensor_bytes"]
     with pytest.raises(ConfigError, match="sustained streams are malformed"):
         traits_from(raw, nominal_bytes_per_s=RATE)
+
+
+def test_comm_slowdown_is_the_bytes_moved_beside_the_workload_over_alone():
+    """The compute phase moves the same bytes alone and beside the workload: 1.2x as long beside it
+    (gloo's reductions and the engines' threads share the cores); never below 1; an older probe output
+    without the mover's timings reads 1."""
+    traits, derived = traits_from(raw_output("gloo"), nominal_bytes_per_s=RATE)
+    assert traits.comm_slowdown == pytest.approx(1.2) and derived["comm_ratio"] == pytest.approx(1.2)
+    assert traits_from(raw_output("gloo", comm_slowdown=0.9), nominal_bytes_per_s=RATE)[0].comm_slowdown == 1.0
+    raw = raw_output("byteps")
+    del raw["compute"]["mover_busy_s"]
+    assert traits_from(raw, nominal_bytes_per_s=RATE)[0].comm_slowdown == 1.0

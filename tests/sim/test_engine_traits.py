@@ -297,3 +297,24 @@ def test_a_stream_replayed_with_a_window_pipelines_and_a_burst_sends_every_push_
     assert min(burst) == pytest.approx(5 * push) and max(burst) == pytest.approx(8 * push)
     one_at_a_time = stream_done_s(engine, RATE, 2, 1_000_000, 4, 1)
     assert one_at_a_time == pytest.approx([2 * push * (i + 1) for i in range(4)])
+
+
+def test_bytes_move_slower_while_the_worker_computes():
+    """comm_slowdown: a collective sent while the simulated worker computes runs at the rate over it;
+    one sent while the worker waits for its parameters, at the full rate."""
+    engine = EngineTraits(name="gloo", stages=1, comm_slowdown=1.5)
+    loop = Loop()
+    net = RingAllReduceNetwork(2, engine, Conditions(RATE), 0.0, loop.at, lambda: loop.time)
+    net.on_finished = lambda t: loop.events.append((loop.time, None, t))
+    computing = [True]
+    net.computing = lambda: computing[0]
+    net.send(task("busy", 1_000_000))
+    assert loop.run()["busy"] == pytest.approx(1.5 * 0.001)
+    computing[0] = False
+    net.send(task("idle", 1_000_000))
+    assert loop.run()["idle"] == pytest.approx(1.5 * 0.001 + 0.001)
+    fast = dict(bandwidth=1e9, workers=2, arch="allreduce")  # and in a simulation: a step overlapping compute is slower
+    base = Simulation(layers(), ClusterSpec(**fast, engine=PRESETS["gloo"]), Settings(), 10, 2).run().iter_s
+    slow = Simulation(layers(), ClusterSpec(**fast, engine=PRESETS["gloo"].replace(comm_slowdown=3.0)), Settings(),
+                      10, 2).run().iter_s
+    assert slow > base
