@@ -250,8 +250,8 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
 
     # Long streams, replayed by the simulator's network. All-reduce: the rate from the largest
     # back-to-back groups, one collective after another (ops alone read gloo's 1 Gbit/s link at
-    # 107-121%: a small op's noise tilts the line, and the token bucket lets 1 ms through early; these
-    # groups read 119.0-119.6 MB/s over two calibrations). A parameter server's groups overlap pushes
+    # 107-121%: a small op's noise tilts the line, and the token bucket lets 1 ms through early; 8 MB
+    # collectives back to back ran at 111-119 MB/s). A parameter server's groups overlap pushes
     # and pulls in ways the model does not (24.1-26.8 MB/s at 200 Mbit/s), so its rate stays the ops
     # alone one. What both directions busy at once cost comes from streams that keep them so for most
     # of their time, as training does (the staggered pair overlaps them for 0.75 transfers only):

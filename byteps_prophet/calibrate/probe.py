@@ -37,6 +37,14 @@ import time
 # Tensor sizes of the back-to-back groups, in float32 elements (16 KB .. 2 MB: from a bias to the
 # 2 MiB chunk cap, covering the 250 k-element atoms).
 SIZES = (4_096, 16_384, 65_536, 262_144, 524_288)
+# An all-reduce also fuses collectives of 8 MB and more (DDP's buckets, Prophet's blocks): 8 MB ops run
+# at 119 MB/s on gloo at 1 Gbit/s, where a rate fitted up to 2 MB (138 MB/s, its cost taking the
+# rest) replayed fused Prophet 13% fast. Parameter servers send at most 2 MiB chunks.
+ALLREDUCE_SIZES = SIZES + (2_097_152,)
+
+
+def sizes_of(backend: str) -> tuple[int, ...]:
+    return ALLREDUCE_SIZES if backend == "gloo" else SIZES
 GROUP_S = 0.4  # seconds of link time a group aims at
 # At least 6 ops a group: a parameter server interleaves a burst of pushes, so its first completion
 # comes late and the rest bunch up after it; the slope over 6+ completions is its pull-side service.
@@ -74,16 +82,16 @@ class _Engine:
 
     leader = False
 
-    def __init__(self, counts: list[int]) -> None:
-        self.counts = counts
+    def __init__(self, sizes: tuple[int, ...], counts: list[int]) -> None:
+        self.sizes, self.counts = sizes, counts
 
     def barrier(self) -> None:
         self.wait(self.start(0, 0))
 
 
 class _Gloo(_Engine):
-    def __init__(self, counts):
-        super().__init__(counts)
+    def __init__(self, sizes, counts):
+        super().__init__(sizes, counts)
         import torch
         import torch.distributed as dist
 
@@ -93,7 +101,7 @@ class _Gloo(_Engine):
         self.backend = TorchDistBackend("gloo")  # the project's rendezvous (RANK, MASTER_ADDR/PORT)
         self.dist = dist
         self.size = self.backend.size
-        self.bufs = [[torch.zeros(n) for _ in range(c)] for n, c in zip(SIZES, counts)]
+        self.bufs = [[torch.zeros(n) for _ in range(c)] for n, c in zip(sizes, counts)]
         self.torch = torch
 
     def start(self, si, slot):
@@ -115,8 +123,8 @@ class _Gloo(_Engine):
 
 
 class _BytePS(_Engine):
-    def __init__(self, counts):
-        super().__init__(counts)
+    def __init__(self, sizes, counts):
+        super().__init__(sizes, counts)
         import torch
 
         try:
@@ -129,7 +137,7 @@ class _BytePS(_Engine):
         self.bps, self.ops, self.torch = bps, ops, torch
         self.size = bps.size()
         self.bufs, self.names = [], []
-        for si, (n, c) in enumerate(zip(SIZES, counts)):
+        for si, (n, c) in enumerate(zip(sizes, counts)):
             self.bufs.append([torch.zeros(n) for _ in range(c)])
             self.names.append([f"calib.{si}.{slot}" for slot in range(c)])
             for name in self.names[-1]:
@@ -154,8 +162,8 @@ class _BytePS(_Engine):
 
 
 class _KVStore(_Engine):
-    def __init__(self, counts):
-        super().__init__(counts)
+    def __init__(self, sizes, counts):
+        super().__init__(sizes, counts)
         import mxnet as mx
 
         self.mx = mx
@@ -163,7 +171,7 @@ class _KVStore(_Engine):
         self.size = self.kv.num_workers
         self.bufs, self.keys = [], []
         key = 0
-        for n, c in zip(SIZES, counts):
+        for n, c in zip(sizes, counts):
             self.bufs.append([mx.nd.zeros(n) for _ in range(c)])
             self.keys.append(list(range(key, key + c)))
             key += c
@@ -221,7 +229,7 @@ class Probe:
             print(f"#calib {message}", flush=True)
 
     def link_bytes(self, si: int) -> float:
-        return SIZES[si] * 4 * self.factor
+        return self.e.sizes[si] * 4 * self.factor
 
     def warmup(self) -> None:
         for si, count in enumerate(self.e.counts):
@@ -248,7 +256,7 @@ class Probe:
         for h in handles:
             self.e.wait(h)
             done.append(self.now())
-        return {"size_index": si, "tensor_bytes": SIZES[si] * 4, "link_bytes": self.link_bytes(si),
+        return {"size_index": si, "tensor_bytes": self.e.sizes[si] * 4, "link_bytes": self.link_bytes(si),
                 "rep": rep, "issued": _r(issued), "done": _r(done)}
 
     def _alone(self, si: int, reps: int) -> list[float]:
@@ -262,16 +270,17 @@ class Probe:
         return flights
 
     def alone(self) -> dict:
-        big = len(SIZES) - 1
-        return {"small": {"tensor_bytes": SIZES[0] * 4, "link_bytes": self.link_bytes(0),
+        big = len(self.e.sizes) - 1
+        sizes = self.e.sizes
+        return {"small": {"tensor_bytes": sizes[0] * 4, "link_bytes": self.link_bytes(0),
                           "flight_s": _r(self._alone(0, ALONE_REPS))},
-                "mid": {"tensor_bytes": SIZES[big - 1] * 4, "link_bytes": self.link_bytes(big - 1),
+                "mid": {"tensor_bytes": sizes[big - 1] * 4, "link_bytes": self.link_bytes(big - 1),
                         "flight_s": _r(self._alone(big - 1, BIG_ALONE_REPS))},
-                "big": {"tensor_bytes": SIZES[big] * 4, "link_bytes": self.link_bytes(big),
+                "big": {"tensor_bytes": sizes[big] * 4, "link_bytes": self.link_bytes(big),
                         "flight_s": _r(self._alone(big, BIG_ALONE_REPS))}}
 
     def behind(self) -> dict:
-        big = len(SIZES) - 1
+        big = len(self.e.sizes) - 1
         flights = []
         for _ in range(BEHIND_REPS):
             self.e.barrier()
@@ -291,7 +300,7 @@ class Probe:
         out before the second's push (where pulls follow pushes it would otherwise queue behind it): on
         a duplex link the first's pull overlaps the second's push (both done after about 3.25 one-way
         transfers), on a half-duplex one they take turns (4)."""
-        big = len(SIZES) - 1
+        big = len(self.e.sizes) - 1
         small_s = sorted(alone["small"]["flight_s"])[len(alone["small"]["flight_s"]) // 2]
         big_s = sorted(alone["big"]["flight_s"])[len(alone["big"]["flight_s"]) // 2]
         delay = STAGGER * max(0.0, (big_s - small_s) / 2)
@@ -315,7 +324,7 @@ class Probe:
         middle ops issued at once (``stream``: do the answers flow back while later pushes still go up?
         the gap between completions is then one server-paced push, stretched by what running both
         directions at once costs)."""
-        big, mid = len(SIZES) - 1, len(SIZES) - 2
+        big, mid = len(self.e.sizes) - 1, len(self.e.sizes) - 2
         start = self.e.start_reply
         behind, alone = [], []
         for _ in range(BEHIND_REPS):
@@ -368,7 +377,7 @@ class Probe:
             while len(done) < len(handles):
                 self.e.wait(handles[len(done)])
                 done.append(self.now())
-            groups.append({"size_index": si, "tensor_bytes": SIZES[si] * 4, "link_bytes": self.link_bytes(si),
+            groups.append({"size_index": si, "tensor_bytes": self.e.sizes[si] * 4, "link_bytes": self.link_bytes(si),
                            "rep": rep, "window": window, "issued": _r(issued), "done": _r(done)})
         return groups
 
@@ -392,7 +401,7 @@ class Probe:
                 times.append(time.monotonic() - t)
             return times
 
-        big = len(SIZES) - 1
+        big = len(self.e.sizes) - 1
         count = e.counts[big]
         rounds = max(1, math.ceil(BUSY_S / CYCLES * rate / (count * self.link_bytes(big))))
         alone, busy, mover_alone, mover_busy = [], [], [], []
@@ -467,13 +476,14 @@ def main(argv=None) -> int:
 
     factor = link_factor(args.backend, workers, servers)
     rate = args.rate or DEFAULT_RATE
-    counts = [group_size(n * 4 * factor, rate) for n in SIZES]
+    sizes = sizes_of(args.backend)
+    counts = [group_size(n * 4 * factor, rate) for n in sizes]
     started = time.monotonic()
-    engine = ENGINES[args.backend](counts)
+    engine = ENGINES[args.backend](sizes, counts)
     probe = Probe(engine, factor=factor, leader=leader)
     probe.say(f"engine {args.backend} up ({workers} workers, {servers} servers) in {time.monotonic() - started:.1f}s")
     out = {"backend": args.backend, "workers": workers, "servers": servers, "link_factor": factor,
-           "sizes": list(SIZES), "counts": counts, "nominal_bytes_per_s": args.rate or None}
+           "sizes": list(sizes), "counts": counts, "nominal_bytes_per_s": args.rate or None}
     probe.warmup()
     probe.say("warm-up done")
     out["stream"] = probe.stream()
