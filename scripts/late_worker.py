@@ -61,11 +61,19 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     from byteps_prophet.cluster import Cluster, ClusterSpec
+    from byteps_prophet.errors import UserError
+    from byteps_prophet.units import parse_bandwidth
 
-    spec = ClusterSpec(workers=2, servers=1, bandwidth=args.bandwidth, engine="byteps", grace=1.0)
-    with Cluster(spec, output=lambda role, line: None) as cluster:
-        result = cluster.run([sys.executable, str(Path(__file__).resolve()), "--worker"],
-                             env={"PYTHONPATH": str(ROOT)}, timeout=300)
+    try:
+        if not parse_bandwidth(args.bandwidth, "--bandwidth"):
+            raise UserError(f"--bandwidth {args.bandwidth!r}: the question needs a shaped link; valid: a rate")
+        spec = ClusterSpec(workers=2, servers=1, bandwidth=args.bandwidth, engine="byteps", grace=1.0)
+        with Cluster(spec, output=lambda role, line: None) as cluster:
+            result = cluster.run([sys.executable, str(Path(__file__).resolve()), "--worker"],
+                                 env={"PYTHONPATH": str(ROOT)}, timeout=300)
+    except UserError as err:
+        print(f"late_worker: {err}", file=sys.stderr)
+        return 2
     if not result.ok:
         print(f"late_worker: {result.failed or 'a role'} failed: {result.reason}", file=sys.stderr)
         return 1
