@@ -29,7 +29,7 @@ def worker() -> None:
     from byteps_prophet.calibrate import probe
 
     rank, _ = rendezvous().rank_and_size()
-    engine = probe._BytePS(probe.SIZES, [OPS] * len(probe.SIZES))
+    engine = probe.ENGINES["byteps"](probe.SIZES, [OPS] * len(probe.SIZES))
     probe.Probe(engine, factor=2.0, leader=rank == 0).warmup()
     runs = []
     for delay in DELAYS * REPS:

@@ -41,10 +41,6 @@ SIZES = (4_096, 16_384, 65_536, 262_144, 524_288)
 # at 119 MB/s on gloo at 1 Gbit/s, where a rate fitted up to 2 MB (138 MB/s, its cost taking the
 # rest) replayed fused Prophet 13% fast. Parameter servers send at most 2 MiB chunks.
 ALLREDUCE_SIZES = SIZES + (2_097_152,)
-
-
-def sizes_of(backend: str) -> tuple[int, ...]:
-    return ALLREDUCE_SIZES if backend == "gloo" else SIZES
 GROUP_S = 0.4  # seconds of link time a group aims at
 # At least 6 ops a group: a parameter server interleaves a burst of pushes, so its first completion
 # comes late and the rest bunch up after it; the slope over 6+ completions is its pull-side service.
@@ -70,6 +66,10 @@ COMPUTE_REPS = 6  # per alone phase
 CYCLES = 3  # alone, busy, alone, busy, ...
 BUSY_S = 1.5
 DEFAULT_RATE = 125e6  # bytes/s assumed when the link is not shaped
+
+
+def sizes_of(backend: str) -> tuple[int, ...]:
+    return ALLREDUCE_SIZES if backend == "gloo" else SIZES
 
 
 def group_size(link_bytes: float, rate: float) -> int:
@@ -228,8 +228,18 @@ class Probe:
         if self.leader:
             print(f"#calib {message}", flush=True)
 
+    @property
+    def big(self) -> int:
+        """The index of the largest size."""
+        return len(self.e.sizes) - 1
+
     def link_bytes(self, si: int) -> float:
         return self.e.sizes[si] * 4 * self.factor
+
+    def _group(self, si: int, rep: int, issued: list[float], done: list[float], **extra) -> dict:
+        """One group's record: its size, when each op was issued and done."""
+        return {"size_index": si, "tensor_bytes": self.e.sizes[si] * 4, "link_bytes": self.link_bytes(si),
+                "rep": rep, **extra, "issued": _r(issued), "done": _r(done)}
 
     def warmup(self) -> None:
         for si, count in enumerate(self.e.counts):
@@ -256,8 +266,7 @@ class Probe:
         for h in handles:
             self.e.wait(h)
             done.append(self.now())
-        return {"size_index": si, "tensor_bytes": self.e.sizes[si] * 4, "link_bytes": self.link_bytes(si),
-                "rep": rep, "issued": _r(issued), "done": _r(done)}
+        return self._group(si, rep, issued, done)
 
     def _alone(self, si: int, reps: int) -> list[float]:
         flights = []
@@ -270,8 +279,7 @@ class Probe:
         return flights
 
     def alone(self) -> dict:
-        big = len(self.e.sizes) - 1
-        sizes = self.e.sizes
+        big, sizes = self.big, self.e.sizes
         return {"small": {"tensor_bytes": sizes[0] * 4, "link_bytes": self.link_bytes(0),
                           "flight_s": _r(self._alone(0, ALONE_REPS))},
                 "mid": {"tensor_bytes": sizes[big - 1] * 4, "link_bytes": self.link_bytes(big - 1),
@@ -280,7 +288,7 @@ class Probe:
                         "flight_s": _r(self._alone(big, BIG_ALONE_REPS))}}
 
     def behind(self) -> dict:
-        big = len(self.e.sizes) - 1
+        big = self.big
         flights = []
         for _ in range(BEHIND_REPS):
             self.e.barrier()
@@ -300,7 +308,7 @@ class Probe:
         out before the second's push (where pulls follow pushes it would otherwise queue behind it): on
         a duplex link the first's pull overlaps the second's push (both done after about 3.25 one-way
         transfers), on a half-duplex one they take turns (4)."""
-        big = len(self.e.sizes) - 1
+        big = self.big
         small_s = sorted(alone["small"]["flight_s"])[len(alone["small"]["flight_s"]) // 2]
         big_s = sorted(alone["big"]["flight_s"])[len(alone["big"]["flight_s"]) // 2]
         delay = STAGGER * max(0.0, (big_s - small_s) / 2)
@@ -324,7 +332,7 @@ class Probe:
         middle ops issued at once (``stream``: do the answers flow back while later pushes still go up?
         the gap between completions is then one server-paced push, stretched by what running both
         directions at once costs)."""
-        big, mid = len(self.e.sizes) - 1, len(self.e.sizes) - 2
+        big, mid = self.big, self.big - 1
         start = self.e.start_reply
         behind, alone = [], []
         for _ in range(BEHIND_REPS):
@@ -377,8 +385,7 @@ class Probe:
             while len(done) < len(handles):
                 self.e.wait(handles[len(done)])
                 done.append(self.now())
-            groups.append({"size_index": si, "tensor_bytes": self.e.sizes[si] * 4, "link_bytes": self.link_bytes(si),
-                           "rep": rep, "window": window, "issued": _r(issued), "done": _r(done)})
+            groups.append(self._group(si, rep, issued, done, window=window))
         return groups
 
     def compute(self, rate: float) -> dict:
@@ -401,7 +408,7 @@ class Probe:
                 times.append(time.monotonic() - t)
             return times
 
-        big = len(self.e.sizes) - 1
+        big = self.big
         count = e.counts[big]
         rounds = max(1, math.ceil(BUSY_S / CYCLES * rate / (count * self.link_bytes(big))))
         alone, busy, mover_alone, mover_busy = [], [], [], []

@@ -146,7 +146,7 @@ class Simulation:
         self.loop = EventLoop()
         self.conditions = Conditions(cluster.bandwidth, cluster.bandwidth_steps, cluster.compute_steps)
         traits = cluster.traits
-        if settings.atom_elements and traits.atom_elements:  # the plugin's atoms, as BYTEPS_PROPHET_ATOM_ELEMENTS sets them
+        if settings.atom_elements and traits.atom_elements:  # the plugin's atoms (BYTEPS_PROPHET_ATOM_ELEMENTS)
             traits = traits.replace(atom_elements=settings.atom_elements)
         network = ParameterServerNetwork if traits.is_parameter_server else RingAllReduceNetwork
         self.network = network(cluster.workers, traits, self.conditions, cluster.latency, self.loop.at, self.loop.now)
