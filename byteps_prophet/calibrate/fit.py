@@ -256,7 +256,7 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
     # alone one. What both directions busy at once cost comes from streams that keep them so for most
     # of their time, as training does (the staggered pair overlaps them for 0.75 transfers only):
     # BytePS's windowed push_pull streams, with the largest back-to-back groups (plain push and pull).
-    link = EngineTraits(name=backend, stages=stages, pulls_follow_pushes=follows, message_cost_s=max(0.0, cost),
+    link = EngineTraits(name=backend, stages=stages, pulls_follow_pushes=follows, message_cost_s=cost,
                         startup_latency_s=startup, duplex=bool(duplex), servers=servers if stages == 2 else 0,
                         backpressure=bool(pressed), duplex_efficiency=efficiency)
     try:
@@ -285,30 +285,19 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         derived["rate_share_of_nominal"] = rate / nominal_bytes_per_s
 
     compute = raw.get("compute") or {}
-    alone_s, busy_s = compute.get("alone_s") or [], compute.get("busy_s") or []
-    if alone_s and busy_s:
-        slowdown = statistics.median(busy_s) / statistics.median(alone_s)
-        derived.update(compute_alone_s=statistics.median(alone_s), compute_busy_s=statistics.median(busy_s),
-                       compute_ratio=slowdown)
-    else:
-        slowdown = 1.0
+    slowdown = _slowdown(compute, "alone_s", "busy_s", derived, "compute")
+    if slowdown is None:
         derived["compute_missing"] = True
-    slowdown = min(max(slowdown, 1.0), 9.99)
-    mover_alone, mover_busy = compute.get("mover_alone_s") or [], compute.get("mover_busy_s") or []
-    comm_slowdown = 1.0
-    if mover_alone and mover_busy:  # the same bytes moved beside the workload, over alone
-        comm_slowdown = statistics.median(mover_busy) / statistics.median(mover_alone)
-        derived.update(mover_alone_s=statistics.median(mover_alone), mover_busy_s=statistics.median(mover_busy),
-                       comm_ratio=comm_slowdown)
-        comm_slowdown = min(max(comm_slowdown, 1.0), 9.99)
+    # the same bytes moved beside the workload, over moved alone
+    comm_slowdown = _slowdown(compute, "mover_alone_s", "mover_busy_s", derived, "mover", "comm_ratio")
 
     if atom_elements is None:
         atom_elements = 0 if backend == "gloo" else DEFAULT_ATOM_ELEMENTS
     traits = EngineTraits(
         name=backend, stages=stages, pulls_follow_pushes=follows, message_cost_s=_round(cost),
         startup_latency_s=_round(startup), atom_elements=int(atom_elements), duplex=bool(duplex),
-        servers=servers if stages == 2 else 0, compute_slowdown=round(slowdown, 4),
-        comm_slowdown=round(comm_slowdown, 4),
+        servers=servers if stages == 2 else 0, compute_slowdown=round(slowdown or 1.0, 4),
+        comm_slowdown=round(comm_slowdown or 1.0, 4),
         bandwidth_bytes_per_s=round(rate, 1), backpressure=bool(pressed),
         duplex_efficiency=round(efficiency, 4), pull_in_reply=bool(in_reply),
     )
@@ -329,6 +318,20 @@ def _replies(replies: Mapping[str, Any], derived: dict, link: EngineTraits, work
         _, efficiency, derived["reply_streams"] = replay_fit(streams, workers, rate, efficiency)
         derived["reply_efficiency"] = efficiency
     return in_reply, efficiency
+
+
+def _slowdown(compute: Mapping[str, Any], alone_key: str, busy_key: str, derived: dict, name: str,
+              ratio_key: str | None = None) -> float | None:
+    """Median of ``compute[busy_key]`` over median of ``compute[alone_key]``, clamped to [1, 10) (the
+    traits' range), the medians and the unclamped ratio recorded in ``derived`` (``<name>_alone_s``,
+    ``<name>_busy_s``, ``ratio_key`` or ``<name>_ratio``); None without both."""
+    alone, busy = compute.get(alone_key) or [], compute.get(busy_key) or []
+    if not (alone and busy):
+        return None
+    ratio = statistics.median(busy) / statistics.median(alone)
+    derived.update({f"{name}_alone_s": statistics.median(alone), f"{name}_busy_s": statistics.median(busy),
+                    ratio_key or f"{name}_ratio": ratio})
+    return min(max(ratio, 1.0), 9.99)
 
 
 def _round(value: float) -> float:
