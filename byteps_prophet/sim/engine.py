@@ -150,6 +150,8 @@ class Simulation:
             traits = traits.replace(atom_elements=settings.atom_elements)
         network = ParameterServerNetwork if traits.is_parameter_server else RingAllReduceNetwork
         self.network = network(cluster.workers, traits, self.conditions, cluster.latency, self.loop.at, self.loop.now)
+        if settings.scheduler == "prophet":  # as the plugins: only Prophet's cuts go out as atoms
+            self.network.use_atoms(traits.atom_elements)
         # A real engine's scheduler measures its link as the plugins do (start-up latency apart).
         monitor = LinkMonitor(serializations=traits.stages) if cluster.engine is not None else None
         self.scheduler = make_scheduler(settings, self.loop, self.network, self._on_synced, monitor)

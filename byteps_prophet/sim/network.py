@@ -3,8 +3,8 @@
 Every worker runs the same schedule, so simulating one worker and charging the shared resources
 (server links, the ring) for all of them is exact for a homogeneous cluster and keeps the simulator
 fast at any scale (stragglers: the engine's compute model, ``sim/engine.py``). Links are FIFO; each
-message pays the engine's ``message_cost_s`` on every link it occupies (once per atom where the engine
-sends fixed atoms) plus its bytes over the link's bandwidth, and one-way ``latency`` (propagation, not
+message pays the engine's ``message_cost_s`` on every link it occupies (once per atom where the plugin
+sends Prophet's fixed atoms, ``use_atoms``) plus its bytes over the link's bandwidth, and one-way ``latency`` (propagation, not
 occupying the link). An op reaches the link only ``startup_latency_s`` after it is sent; ops already
 queued overlap that wait. With bandwidth on a schedule, a message is charged at the bandwidth in force
 when it starts on a link, over the engine's ``comm_slowdown`` if the worker computes when it is sent.
@@ -59,6 +59,7 @@ class _Network:
         self._schedule, self._now = schedule, now
         self.on_finished: Callable = lambda task: None
         self.in_flight = 0  # messages sent and not yet finished
+        self._atom_elements = 0  # the plugin's fixed atoms, 0: one message per piece (``use_atoms``)
         self.computing: Callable[[], bool] = lambda: False  # whether the worker computes (the simulation's)
 
     def rate(self, t: float) -> float:
@@ -74,9 +75,14 @@ class _Network:
         self.in_flight -= 1
         self.on_finished(task)
 
+    def use_atoms(self, elements: int) -> None:
+        """Pieces go out as fixed atoms of ``elements``, one message each, as the plugins send Prophet's
+        cuts (``Backend.use_atoms``); the other schedulers' pieces are one message."""
+        self._atom_elements = elements
+
     def _messages(self, task) -> int:
         """Messages the engine sends for ``task``: one, or one per fixed atom it covers."""
-        atom = self.traits.atom_elements
+        atom = self._atom_elements
         if not atom:
             return 1
         numel = getattr(task, "numel", task.nbytes // 4)  # a fused collective counts float32 elements

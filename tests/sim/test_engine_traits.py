@@ -139,7 +139,12 @@ def test_start_up_latency_delays_an_op_on_an_idle_link_only():
 
 
 def test_atoms_pay_the_message_cost_each_and_half_duplex_shares_the_link():
-    net, loop = ps(EngineTraits(stages=2, message_cost_s=1e-4, atom_elements=62_500))  # 4 atoms of 250 kB
+    traits = EngineTraits(stages=2, message_cost_s=1e-4, atom_elements=62_500)
+    net, loop = ps(traits)  # a piece not cut into atoms (FIFO, ByteScheduler): one message
+    net.send(task("a", 1_000_000))
+    assert loop.run()["a"] == pytest.approx(2 * (1e-4 + 0.001))
+    net, loop = ps(traits)
+    net.use_atoms(traits.atom_elements)  # Prophet's cuts, sent as 4 atoms of 250 kB
     net.send(task("a", 1_000_000))
     assert loop.run()["a"] == pytest.approx(2 * (4e-4 + 0.001))
     net, loop = ps(EngineTraits(stages=2, duplex=False))
@@ -283,6 +288,20 @@ def test_the_plugins_atom_setting_sets_the_simulated_engines_atoms():
     assert set_.scheduler.cut_elements == 65_536 and set_.network.traits.atom_elements == 65_536
     ideal = Simulation(layers(), ClusterSpec(workers=2, bandwidth=0.25e9), Settings(atom_elements=65_536), 6, 2)
     assert ideal.network.traits.atom_elements == 0
+
+
+def test_only_prophets_pieces_go_out_as_atoms():
+    """As in the plugins (``Backend.use_atoms`` under Prophet only), FIFO's and ByteScheduler's pieces
+    are one message each: an engine's atoms and a per-message cost change nothing for them."""
+    costly = PRESETS["byteps"].replace(message_cost_s=2e-3)
+    for name in ("fifo", "bytescheduler"):
+        times = [Simulation(layers(), ClusterSpec(workers=2, bandwidth=0.25e9, engine=costly.replace(atom_elements=atom)),
+                            Settings(scheduler=name), 6, 2).run().iter_s for atom in (250_000, 1_000)]
+        assert times[0] == pytest.approx(times[1])
+    fine, coarse = (Simulation(layers(), ClusterSpec(workers=2, bandwidth=0.25e9, engine=costly),
+                               Settings(scheduler="prophet", atom_elements=atom), 6, 2).run().iter_s
+                    for atom in (1_000, 250_000))
+    assert fine > coarse  # Prophet's cuts pay the cost per atom
 
 
 def test_a_stream_replayed_with_a_window_pipelines_and_a_burst_sends_every_push_first():
