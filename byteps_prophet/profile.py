@@ -166,8 +166,11 @@ class Profile:
           times fall as the index rises (the usual case) this is exactly ``R_i - R_(i+1)``, and
           ``LayerTimes.ready_times()`` reproduces the medians. A tensor ready earlier than a
           later-index one gets 0 and is replayed as ready together with it (conservative).
-        * Forward time: the median of the recorded ones; where none was recorded,
-          ``FWD_FROM_BWD x`` its backward time (backward does about twice forward's work).
+        * Forward time: the median of the recorded ones. A tensor without one in a profile that
+          records forward times has no forward of its own: the torch probe puts a layer's forward on
+          its first tensor (a bias's forward is its weight's), so it gets 0. Only a profile with no
+          forward times at all (MXNet's) takes ``FWD_FROM_BWD x`` each tensor's backward time
+          (backward does about twice forward's work).
         * The ModelSpec carries no FLOPs (0): its times come from the record, not the cost model.
         """
         ready = self.median_ready_s()
@@ -186,7 +189,9 @@ class Profile:
             bwd[i] = max(r, latest) - latest
             latest = max(latest, r)
 
-        fwd = {i: (fwd_med[i] if fwd_med[i] is not None else FWD_FROM_BWD * bwd[i]) for i in kept}
+        recorded = any(it.fwd_s is not None for it in self.iterations)
+        fwd = {i: fwd_med[i] if fwd_med[i] is not None else 0.0 if recorded else FWD_FROM_BWD * bwd[i]
+               for i in kept}
         for i, value in enumerate(fwd_med):  # fold unused tensors' forward time into a kept one
             if ready[i] is None and value is not None:
                 before = [k for k in kept if k < i]
