@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> dict | None:
             "cpu_s_per_step": round(cpu_s / args.steps, 6),
         })
     if marks is not None and args.tune_credit is None:
-        result["profile"] = write_profile(profile_path, kv, net, marks[args.warmup:], total, args)
+        result["profile"] = write_profile(profile_path, kv, trainer, marks[args.warmup:], total, args)
     if hasattr(kv, "stats"):
         result.update(kv.stats())
     if hasattr(kv, "close"):
@@ -276,11 +276,12 @@ def comm_only(args, kv) -> dict:
     return result
 
 
-def write_profile(path: str, kv, net, marks: list[float], end: float, args) -> str | None:
+def write_profile(path: str, kv, trainer, marks: list[float], end: float, args) -> str | None:
     """The timed steps' profile (docs/PROFILE.md) from the store's trace: each gradient's ready time is
     when the store staged it, relative to the step's backward start (its loss computed). Forward times
     are not recorded (the simulator takes half of each backward time). Parameters are named by their
-    store key (their index in ``collect_params()``, forward order)."""
+    store key, the Trainer's index (it numbers them by sorted name), and listed in forward order, as the
+    store learned it from the backward pass (``ScheduledKVStore.forward_index``)."""
     from byteps_prophet.profile import ProfileRecorder
 
     from byteps_prophet.core.trace import events, seconds
@@ -289,8 +290,10 @@ def write_profile(path: str, kv, net, marks: list[float], end: float, args) -> s
     if log is None or not len(log) or not marks:
         print("bench: profile not written: the store kept no trace", file=sys.stderr)
         return None
-    params = list(net.collect_params().values())
-    tensors = [(str(i), p.shape) for i, p in enumerate(params) if p.grad_req != "null"]
+    place = getattr(kv, "forward_index", {})
+    keys = sorted((i for i, p in enumerate(trainer._params) if p.grad_req != "null"),
+                  key=lambda i: (place.get(i, len(place) + i), i))
+    tensors = [(str(i), trainer._params[i].shape) for i in keys]
     recorder = ProfileRecorder(tensors, model=args.model, framework="mxnet", batch=args.batch, device="cpu",
                                world_size=kv.num_workers, meta={"backend": args.backend, "width": args.width})
     names = {name for name, _ in tensors}
