@@ -248,8 +248,8 @@ class ScheduledKVStore(KVStoreBase):
 
     @property
     def forward_index(self) -> dict:
-        """Each key's place in the forward pass (0: read first), learned by the leader from the order the
-        engine stages the gradients (the reverse); empty until a step was staged, and on followers."""
+        """Each key's place in the forward pass (0: read first), learned from the order the engine
+        stages the gradients (the reverse); empty until a step was staged in that order."""
         return dict(self._forward_index)
 
     # -- KVStoreBase surface -------------------------------------------------------------------------
@@ -522,7 +522,9 @@ class ScheduledKVStore(KVStoreBase):
                     if not self._closed_steps:
                         return
                     iteration, syncs = self._closed_steps.popleft()
-                if self._mirror:  # followers issue as their gradients are staged (see _stage)
+                if self._mirror:  # followers issue as their gradients are staged (see _stage); they
+                    for _ in self._in_staging_order(syncs):  # learn the forward order all the same:
+                        pass  # it is the priority they give the engine (_announced_atom)
                     continue
                 for sync in self._in_staging_order(syncs):
                     with self._lock:
@@ -553,6 +555,8 @@ class ScheduledKVStore(KVStoreBase):
             if not staged:
                 self._any_staged.wait(0.5)
                 self._raise_error()
+                if self._stopping:
+                    return
                 continue
             for sync in staged:
                 pending.remove(sync)
@@ -574,7 +578,7 @@ class ScheduledKVStore(KVStoreBase):
             raise OrderMismatch(f"worker 0 synchronises rows {row_start}:{row_end} of key {entry.key!r} but worker "
                                 f"{rank}'s atoms of it are {[a[:2] for a in entry.atoms]} (different models "
                                 f"or settings on different workers?)")
-        return _atom_op(sync, span[0], sync.task.index)
+        return _atom_op(sync, span[0], self._forward_index.get(entry.key, sync.task.index))
 
     # -- the transport the scheduler drives --------------------------------------------------------------
     def send(self, piece: Task) -> None:  # called with _lock held
