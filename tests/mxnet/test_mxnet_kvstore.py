@@ -449,6 +449,7 @@ def test_bench_prints_one_json_line(tmp_path, perfetto_check):
     shapes = [list(t.shape) for t in recorded.tensors]
     assert shapes.index([512, 256]) < 12 and shapes.index([10, 512]) >= 30, shapes
     assert all(r is not None for r in recorded.iterations[-1].ready_s), recorded.iterations[-1].ready_s
+    assert sum(recorded.iterations[-1].fwd_s) > 0  # a whole forward timed alone, spread over the tensors
     trace = perfetto_check(f"{profile}.trace.json")
     assert sum(1 for _ in events(trace, "ready")) == 5 * len(trace["metadata"]["tensors"])
 
