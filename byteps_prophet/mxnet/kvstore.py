@@ -14,11 +14,8 @@ Per ``pushpull(key, grad, out=weight)``, all in the caller's thread and without 
    and only of this layer, waits for it;
 3. a task is registered for the readiness probe.
 
-A probe thread posts each staged gradient to the scheduler in the order the engine stages them (the
-backward pass's order); after the last it calls ``end_of_backward``. That order also gives each key its
-place in the next forward pass, the schedulers' priority (``_forward_index``): MXNet's Trainer numbers
-its keys by sorted parameter name (``blocks10`` before ``blocks2``, a transformer's embedding after its
-blocks), not in the order the forward pass reads them. The scheduler ``send``s slices; each
+A probe thread waits for the staged gradients in backward order and posts each to
+the scheduler; after the last it calls ``end_of_backward``. The scheduler ``send``s slices; each
 slice maps to the fixed *atoms* it covers (rows along dim 0, each pushed and pulled under its own
 key, initialised once), so every worker pushes the same keys whatever the scheduler cut. An atom a
 slice only partly covers is sent whole, at once (its data is ready), so no byte is sent twice in an
@@ -48,7 +45,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import copy
-import itertools
 import os
 import sys
 import threading
@@ -137,17 +133,11 @@ class _Key:
         return range(lo, hi)
 
 
-class _Staged(threading.Event):
-    """Set once the key's gradient is in the staging buffer; ``order`` says when, among all stagings."""
-
-    order = -1
-
-
 class _Sync:
     """One key's synchronisation in one iteration."""
 
     def __init__(self, key: _Key, outs: list, token: int | None, index: int, iteration: int,
-                 staged: _Staged):
+                 staged: threading.Event):
         self.key, self.outs, self.token = key, outs, token
         self.staged = staged  # its gradient is in the staging buffer
         self.task = Task(name=str(key.key), index=index, shape=key.shape,
@@ -207,9 +197,6 @@ class ScheduledKVStore(KVStoreBase):
         # Staged gradients and finished atoms are reported by engine ops on the prioritised workers:
         # a thread in wait_to_read would wait behind backward's compute to learn either.
         self._notifier = Notifier(self._fail)
-        self._stagings = itertools.count()  # the engine's staging order (_Staged.order)
-        self._any_staged = threading.Event()  # wakes the probe
-        self._forward_index: dict = {}  # key -> its place in the forward pass, learned by the probe
         # Step registration, guarded by _cv.
         self._cv = threading.Condition()
         self._iteration = 0
@@ -245,12 +232,6 @@ class ScheduledKVStore(KVStoreBase):
             sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
                              "each gradient when it is ready, not in the scheduler's order\n")
         return channel
-
-    @property
-    def forward_index(self) -> dict:
-        """Each key's place in the forward pass (0: read first), learned from the order the engine
-        stages the gradients (the reverse); empty until a step was staged in that order."""
-        return dict(self._forward_index)
 
     # -- KVStoreBase surface -------------------------------------------------------------------------
     @property
@@ -399,7 +380,7 @@ class ScheduledKVStore(KVStoreBase):
                                        dtype=entry.dtype) for start, end, _ in entry.atoms]
         shaped = [v.reshape(entry.shape) for v in values]
         after_pull, entry.pulled = entry.pulled, []
-        staged = _Staged()
+        staged = threading.Event()
         registered: list[_Sync] = []  # filled below; the staging op may run before or after that
         self._stage(entry, shaped, after_pull, staged, registered)
         token = self._gate.hold(outs) if outs else None
@@ -421,7 +402,7 @@ class ScheduledKVStore(KVStoreBase):
                 self._close_step()
             self._cv.notify_all()
 
-    def _stage(self, entry: _Key, grads: list, after_pull: list, staged: _Staged,
+    def _stage(self, entry: _Key, grads: list, after_pull: list, staged: threading.Event,
                registered: list) -> None:
         """Copy the gradient into the staging buffer once it is written (and any plain pull of the key
         has landed), then set ``staged``. Pushed before the gate: with the optimizer on the worker the
@@ -435,9 +416,7 @@ class ScheduledKVStore(KVStoreBase):
                 for (row_start, _, _), buf in zip(entry.atoms, entry.abufs):
                     copy_raw(grads[0], buf, row_start * row_bytes)
             with self._lock:
-                staged.order = next(self._stagings)
                 staged.set()
-                self._any_staged.set()
                 if self._mirror and registered:
                     self._follower_ready(registered[0])
             self._after_lock()
@@ -522,11 +501,10 @@ class ScheduledKVStore(KVStoreBase):
                     if not self._closed_steps:
                         return
                     iteration, syncs = self._closed_steps.popleft()
-                if self._mirror:  # followers issue as their gradients are staged (see _stage); they
-                    for _ in self._in_staging_order(syncs):  # learn the forward order all the same:
-                        pass  # it is the priority they give the engine (_announced_atom)
+                if self._mirror:  # followers issue as their gradients are staged (see _stage)
                     continue
-                for sync in self._in_staging_order(syncs):
+                for sync in sorted(syncs, key=lambda s: -s.task.index):  # backward order
+                    self._wait(sync.staged)  # includes any plain pull of the key (see _pull_one)
                     with self._lock:
                         self._trace("ready", sync.task.name, iteration)
                         sync.ready = True
@@ -540,35 +518,6 @@ class ScheduledKVStore(KVStoreBase):
         except BaseException as err:  # surfaced on the next call
             self._fail(err)
 
-    def _in_staging_order(self, syncs: list[_Sync]):
-        """Each of ``syncs`` as its gradient is staged (its plain pulls included, see _pull_one), in the
-        order the engine staged them, with its task indexed by its place in the forward pass: the
-        reverse of this order, learned from the first step none of whose gradients was staged yet when
-        the probe took it (gradients staged before, as in the first step, after the store's initial
-        waitall, are staged in the order they were registered: their keys keep the Trainer's index)."""
-        known = all(sync.key.key in self._forward_index for sync in syncs)
-        learn = not known and not any(sync.staged.is_set() for sync in syncs)
-        pending, position = list(syncs), 0
-        while pending:
-            self._any_staged.clear()
-            staged = sorted((s for s in pending if s.staged.is_set()), key=lambda s: s.staged.order)
-            if not staged:
-                self._any_staged.wait(0.5)
-                self._raise_error()
-                if self._stopping:
-                    return
-                continue
-            for sync in staged:
-                pending.remove(sync)
-                if learn:
-                    self._forward_index[sync.key.key] = len(syncs) - 1 - position
-                position += 1
-                if sync.key.key in self._forward_index and (known or learn):
-                    task = sync.task
-                    sync.task = Task(task.name, self._forward_index[sync.key.key], task.shape, task.itemsize,
-                                     task.iteration, payload=sync)
-                yield sync
-
     # -- followers: the leader's order ---------------------------------------------------------------
     def _announced_atom(self, order: int, seq: int, row_start: int, row_end: int, sync: _Sync, rank: int) -> Op:
         """The Synchroniser's follower op for an announced atom of this worker's staged ``sync``."""
@@ -578,7 +527,7 @@ class ScheduledKVStore(KVStoreBase):
             raise OrderMismatch(f"worker 0 synchronises rows {row_start}:{row_end} of key {entry.key!r} but worker "
                                 f"{rank}'s atoms of it are {[a[:2] for a in entry.atoms]} (different models "
                                 f"or settings on different workers?)")
-        return _atom_op(sync, span[0], self._forward_index.get(entry.key, sync.task.index))
+        return _atom_op(sync, span[0], sync.task.index)
 
     # -- the transport the scheduler drives --------------------------------------------------------------
     def send(self, piece: Task) -> None:  # called with _lock held
