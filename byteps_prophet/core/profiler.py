@@ -91,6 +91,15 @@ class ReadyProfiler:
         if self._drifted_in_a_row >= self.iterations:
             self._build()
 
+    def renumber(self, index_of: dict[int, int]) -> None:
+        """The same gradients under new indices (``Scheduler.renumber``), between iterations: the recent
+        iterations are renumbered and the profile built from them again."""
+        self.close()
+        self._recent = deque(({index_of.get(i, i): t for i, t in offsets.items()} for offsets in self._recent),
+                             maxlen=self.iterations)
+        if self.profile is not None:
+            self._build()
+
     def _drifted(self, offsets: dict[int, float]) -> bool:
         profile = self.profile
         if not set(offsets) <= set(profile.offsets):  # new gradients; missing ones are tolerated

@@ -110,6 +110,10 @@ class Prophet(ByteScheduler):
         if self._plan is not None:
             self._collect_blocks(until=len(self._plan.blocks))
 
+    def _on_renumber(self, index_of: dict[int, int]) -> None:
+        self.profiler.renumber(index_of)
+        self._sizes = {index_of.get(i, i): nbytes for i, nbytes in self._sizes.items()}
+
     def _on_finished(self, piece: Task) -> None:
         self.credit = min(self.credit + piece.numel, self.credit_limit)  # ByteScheduler's
         self.link.completed(piece, self.clock.now())

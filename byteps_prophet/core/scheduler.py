@@ -6,6 +6,9 @@ A scheduler is an event-driven state machine. Plugins and the simulator call it 
 * ``finished(slice)``: the backend finished synchronising a slice the scheduler started;
 * ``end_of_backward(iteration)``: the backward pass is over, no more gradients this iteration.
 
+and, between iterations, ``renumber(index_of)`` where a transport learns its gradients' forward order
+only after training began (the MXNet store: the Trainer numbers keys by sorted name).
+
 It answers by calling ``transport.send(slice)`` for each slice it starts, and ``on_done(task)`` when
 every row of a gradient is synchronised (so the parameter can be updated). It owns no thread and
 reads time only from its injected clock; callers serialise calls (one lock in the plugins, one
@@ -108,6 +111,12 @@ class Scheduler:
         self._on_end_of_backward(iteration)
         self._kick()
 
+    def renumber(self, index_of: dict[int, int]) -> None:
+        """From the next post on, the gradient posted as index ``i`` is posted as ``index_of[i]`` (a
+        permutation; indices it leaves out keep theirs). Called between iterations, after
+        ``end_of_backward``: what the scheduler learned per index is kept under the new numbers."""
+        self._on_renumber(index_of)
+
     def tick(self) -> None:
         """A time asked for with ``on_wakeup`` has come. A timer may keep only its earliest time, so
         whatever the dispatch still needs is asked for again."""
@@ -122,6 +131,9 @@ class Scheduler:
         pass
 
     def _on_end_of_backward(self, iteration: int) -> None:
+        pass
+
+    def _on_renumber(self, index_of: dict[int, int]) -> None:
         pass
 
     def _dispatch(self) -> None:

@@ -93,3 +93,44 @@ def test_without_bandwidth_prophet_behaves_like_bytescheduler(harness):
     h = harness(scheduler="prophet", prophet_mode="paper", profile_iterations=1, partition=1000, credit=1500)
     h.post("g", 0, (4000,))
     assert len(h.transport.sent) == 2  # credit rule: 1500 -> 500 -> -500
+
+
+def test_renumbered_profile_schedules_as_if_numbered_so_from_the_start(harness):
+    """A transport that learns the forward order after training began (the MXNet store) renumbers:
+    what Prophet profiled under the old numbers then schedules the next iteration as if the
+    gradients had always carried the new ones."""
+    reverse = {i: 5 - i for i, _, _ in STEPWISE}
+
+    def iteration_one(renumbered: bool) -> list:
+        h = harness(scheduler="prophet", prophet_mode="paper", profile_iterations=1, credit=1)
+        start = h.clock.now()
+        for index, numel, offset in STEPWISE:  # profiled under the caller's numbers
+            h.clock.set(start + offset)
+            h.post(f"g{index}", reverse[index], (numel,), 0)
+        h.scheduler.end_of_backward(0)
+        drain(h)
+        if renumbered:
+            h.scheduler.renumber({old: new for new, old in reverse.items()})
+        h.transport.sent.clear()
+        run_iteration(h, 1)
+        return [(p.name, p.row_start, p.row_end) for p in h.transport.sent]
+
+    h = _profiled(harness)
+    h.transport.sent.clear()
+    run_iteration(h, 1)
+    numbered_from_the_start = [(p.name, p.row_start, p.row_end) for p in h.transport.sent]
+    assert iteration_one(renumbered=True) == numbered_from_the_start
+    assert iteration_one(renumbered=False) != numbered_from_the_start
+
+
+def test_renumbering_keeps_the_profile_under_the_new_indices():
+    profiler = ReadyProfiler(iterations=2)
+    for it in range(2):
+        for i, _, t in STEPWISE:
+            profiler.record(it, i, 100.0 * it + t)
+        profiler.close()
+    before = profiler.profile
+    index_of = {i: 5 - i for i in range(6)}
+    profiler.renumber(index_of)
+    assert profiler.profile.offsets == {index_of[i]: t for i, t in before.offsets.items()}
+    assert [b.indices for b in profiler.profile.blocks] == [tuple(index_of[i] for i in b.indices) for b in before.blocks]
