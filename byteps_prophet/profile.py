@@ -13,6 +13,7 @@ Pure Python: no framework import, no threads, no clock.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -154,6 +155,27 @@ class Profile:
             out.append(statistics.median(values) if values else None)
         return tuple(out)
 
+    def backward_times(self) -> dict[int, float]:
+        """Per tensor that produced a gradient (forward index -> seconds): the gap between its median
+        ready time and the latest of the tensors after it (backward runs from the last index down)."""
+        bwd, latest = {}, 0.0
+        for i, r in reversed(list(enumerate(self.median_ready_s()))):
+            if r is not None:
+                bwd[i] = max(r, latest) - latest
+                latest = max(latest, r)
+        return bwd
+
+    def with_forward_total(self, seconds: float) -> "Profile":
+        """This profile with a forward time for every tensor: ``seconds`` (a whole forward pass, timed
+        where no layer's forward can be: MXNet's asynchronous engine) spread as the backward times are."""
+        bwd = self.backward_times()
+        total = sum(bwd.values())
+        if total <= 0:
+            return self
+        fwd = tuple(seconds * bwd[i] / total if i in bwd else None for i in range(len(self.tensors)))
+        return dataclasses.replace(self, iterations=tuple(dataclasses.replace(it, fwd_s=fwd)
+                                                          for it in self.iterations))
+
     def to_model_and_times(self) -> tuple[ModelSpec, LayerTimes]:
         """The simulator's inputs: a ModelSpec of the recorded tensors and their measured times.
 
@@ -182,13 +204,7 @@ class Profile:
             values = [it.fwd_s[i] for it in self.iterations if it.fwd_s is not None and it.fwd_s[i] is not None]
             fwd_med.append(statistics.median(values) if values else None)
 
-        bwd = {}
-        latest = 0.0
-        for i in reversed(kept):
-            r = ready[i]
-            bwd[i] = max(r, latest) - latest
-            latest = max(latest, r)
-
+        bwd = self.backward_times()
         recorded = any(it.fwd_s is not None for it in self.iterations)
         fwd = {i: fwd_med[i] if fwd_med[i] is not None else 0.0 if recorded else FWD_FROM_BWD * bwd[i]
                for i in kept}

@@ -237,6 +237,20 @@ def test_forward_derived_from_backward_only_when_none_was_recorded():
     assert times.fwd_s == pytest.approx((0.0, 0.004, 0.0, 0.0))
 
 
+def test_a_forward_timed_whole_is_spread_as_the_backward_times():
+    """MXNet's profile: one forward pass timed alone, spread over the tensors as their backward times
+    are; the simulator then replays that total, not half the backward."""
+    data = good_dict()
+    for it in data["iterations"]:
+        it.pop("fwd_s", None)
+    profile = Profile.from_dict(data)
+    _, without = profile.to_model_and_times()
+    _, times = profile.with_forward_total(0.02).to_model_and_times()
+    assert sum(times.fwd_s) == pytest.approx(0.02)
+    assert times.fwd_s == pytest.approx(tuple(0.02 * b / sum(without.bwd_s) for b in without.bwd_s))
+    assert times.bwd_s == without.bwd_s
+
+
 def test_non_monotone_and_unused_tensors():
     data = good_dict()
     data["tensors"].append({"index": 4, "name": "unused.weight", "shape": [3], "dtype": "float32"})

@@ -14,10 +14,16 @@ Per ``pushpull(key, grad, out=weight)``, all in the caller's thread and without 
    and only of this layer, waits for it;
 3. a task is registered for the readiness probe.
 
-A probe thread waits for the staged gradients in backward order and posts each to
-the scheduler; after the last it calls ``end_of_backward``. The scheduler ``send``s slices; each
-slice maps to the fixed *atoms* it covers (rows along dim 0, each pushed and pulled under its own
-key, initialised once), so every worker pushes the same keys whatever the scheduler cut. An atom a
+A probe thread waits for the staged gradients in backward order and posts each to the scheduler;
+after the last it calls ``end_of_backward``. Backward order is the reverse of each key's place in the
+forward pass, the schedulers' priority (``forward_index``), which the store learns from the order the
+engine stages the gradients: MXNet's Trainer numbers its keys by sorted parameter name (``blocks10``
+before ``blocks2``, a transformer's embedding after its blocks), not in the order the forward pass
+reads them. Learned once, the order is fixed, so the probe never follows one step's staging order
+(which differs from worker to worker).
+
+The scheduler ``send``s slices; each slice maps to the fixed *atoms* it covers (rows along dim 0,
+each pushed and pulled under its own key, initialised once), so every worker pushes the same keys whatever the scheduler cut. An atom a
 slice only partly covers is sent whole, at once (its data is ready), so no byte is sent twice in an
 iteration and no slice waits on a later one. Each atom has its own buffer (its own engine variable, so
 waiting for one atom never waits for another), sent and answered in place by one ``pushpull``. When
@@ -45,6 +51,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import copy
+import itertools
 import os
 import sys
 import threading
@@ -125,6 +132,7 @@ class _Key:
         self.pbufs: list[mx.nd.NDArray] = []
         self.pulled: list[mx.nd.NDArray] = []
         self.last: "_Sync | None" = None
+        self.caller_index = order  # its index as the caller numbers it (Trainer: the priority's -key)
         self.syncs = 0  # synchronisations registered so far: the same count on every worker
 
     def atoms_between(self, row_start: int, row_end: int) -> range:
@@ -133,11 +141,17 @@ class _Key:
         return range(lo, hi)
 
 
+class _Staged(threading.Event):
+    """Set once the key's gradient is in the staging buffer; ``order`` says when, among all stagings."""
+
+    order = -1
+
+
 class _Sync:
     """One key's synchronisation in one iteration."""
 
     def __init__(self, key: _Key, outs: list, token: int | None, index: int, iteration: int,
-                 staged: threading.Event):
+                 staged: _Staged):
         self.key, self.outs, self.token = key, outs, token
         self.staged = staged  # its gradient is in the staging buffer
         self.task = Task(name=str(key.key), index=index, shape=key.shape,
@@ -197,6 +211,8 @@ class ScheduledKVStore(KVStoreBase):
         # Staged gradients and finished atoms are reported by engine ops on the prioritised workers:
         # a thread in wait_to_read would wait behind backward's compute to learn either.
         self._notifier = Notifier(self._fail)
+        self._stagings = itertools.count()  # the engine's staging order (_Staged.order)
+        self._forward_index: dict = {}  # key -> its place in the forward pass, learned by the probe
         # Step registration, guarded by _cv.
         self._cv = threading.Condition()
         self._iteration = 0
@@ -232,6 +248,12 @@ class ScheduledKVStore(KVStoreBase):
             sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
                              "each gradient when it is ready, not in the scheduler's order\n")
         return channel
+
+    @property
+    def forward_index(self) -> dict:
+        """Each key's place in the forward pass (0: read first), learned from the order the engine
+        staged the gradients of one step (the reverse); empty until such a step was seen."""
+        return dict(self._forward_index)
 
     # -- KVStoreBase surface -------------------------------------------------------------------------
     @property
@@ -380,13 +402,13 @@ class ScheduledKVStore(KVStoreBase):
                                        dtype=entry.dtype) for start, end, _ in entry.atoms]
         shaped = [v.reshape(entry.shape) for v in values]
         after_pull, entry.pulled = entry.pulled, []
-        staged = threading.Event()
+        staged = _Staged()
         registered: list[_Sync] = []  # filled below; the staging op may run before or after that
         self._stage(entry, shaped, after_pull, staged, registered)
         token = self._gate.hold(outs) if outs else None
-        index = -priority if priority < 0 else (key if isinstance(key, int) and key >= 0 else entry.order)
+        entry.caller_index = -priority if priority < 0 else (key if isinstance(key, int) and key >= 0 else entry.order)
         with self._cv:
-            sync = _Sync(entry, outs, token, index, self._iteration, staged)
+            sync = _Sync(entry, outs, token, self._index(entry), self._iteration, staged)
             entry.syncs += 1
             sync.seq = entry.syncs
             if self._mirror:
@@ -402,7 +424,7 @@ class ScheduledKVStore(KVStoreBase):
                 self._close_step()
             self._cv.notify_all()
 
-    def _stage(self, entry: _Key, grads: list, after_pull: list, staged: threading.Event,
+    def _stage(self, entry: _Key, grads: list, after_pull: list, staged: _Staged,
                registered: list) -> None:
         """Copy the gradient into the staging buffer once it is written (and any plain pull of the key
         has landed), then set ``staged``. Pushed before the gate: with the optimizer on the worker the
@@ -416,6 +438,7 @@ class ScheduledKVStore(KVStoreBase):
                 for (row_start, _, _), buf in zip(entry.atoms, entry.abufs):
                     copy_raw(grads[0], buf, row_start * row_bytes)
             with self._lock:
+                staged.order = next(self._stagings)
                 staged.set()
                 if self._mirror and registered:
                     self._follower_ready(registered[0])
@@ -501,10 +524,18 @@ class ScheduledKVStore(KVStoreBase):
                     if not self._closed_steps:
                         return
                     iteration, syncs = self._closed_steps.popleft()
-                if self._mirror:  # followers issue as their gradients are staged (see _stage)
+                untouched = not any(sync.staged.is_set() for sync in syncs)
+                if self._mirror:  # followers issue as their gradients are staged (see _stage); they
+                    for sync in syncs:  # learn the forward order all the same: the priority they
+                        self._wait(sync.staged)  # give their engine (_announced_atom)
+                    self._learn_forward_order(syncs, untouched)
                     continue
-                for sync in sorted(syncs, key=lambda s: -s.task.index):  # backward order
+                for sync in sorted(syncs, key=lambda s: -self._index(s.key)):  # backward order
                     self._wait(sync.staged)  # includes any plain pull of the key (see _pull_one)
+                    if sync.task.index != self._index(sync.key):  # registered before the order was learned
+                        task = sync.task
+                        sync.task = Task(task.name, self._index(sync.key), task.shape, task.itemsize,
+                                         task.iteration, payload=sync)
                     with self._lock:
                         self._trace("ready", sync.task.name, iteration)
                         sync.ready = True
@@ -515,8 +546,32 @@ class ScheduledKVStore(KVStoreBase):
                 with self._lock:
                     self.scheduler.end_of_backward(iteration)
                     self._after_lock()
+                self._learn_forward_order(syncs, untouched)
         except BaseException as err:  # surfaced on the next call
             self._fail(err)
+
+    def _index(self, entry: _Key) -> int:
+        """The key's task index: its place in the forward pass once learned (keys the learning step
+        lacked come after), before that the caller's number."""
+        place = self._forward_index.get(entry.key)
+        if place is None:
+            return entry.caller_index + len(self._forward_index)
+        return place
+
+    def _learn_forward_order(self, syncs: list[_Sync], untouched: bool) -> None:
+        """Each key's place in the forward pass, the reverse of the order the engine staged ``syncs``,
+        learned once from a step none of whose gradients was staged when the probe took it (the first
+        step's were all staged at once, after the store's initial waitall, in registration order).
+        The next step's tasks are indexed by it, and the scheduler renumbers what it learned per index.
+        Gradients of one engine bulk (about a transformer block) are staged together in no set order:
+        within a bulk the order is the one seen then."""
+        if self._forward_index or not untouched:
+            return
+        before = {entry.key: self._index(entry) for entry in self._keys.values()}
+        staged = sorted(syncs, key=lambda s: s.staged.order)
+        with self._lock:
+            self._forward_index = {sync.key.key: len(staged) - 1 - i for i, sync in enumerate(staged)}
+            self.scheduler.renumber({before[key]: self._index(entry) for key, entry in self._keys.items()})
 
     # -- followers: the leader's order ---------------------------------------------------------------
     def _announced_atom(self, order: int, seq: int, row_start: int, row_end: int, sync: _Sync, rank: int) -> Op:

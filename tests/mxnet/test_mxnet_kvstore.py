@@ -142,6 +142,38 @@ def test_the_store_writes_the_one_trace_format(tmp_path, variable, perfetto_chec
         skv.create("local", settings=settings.replace(trace=str(tmp_path / "missing" / "kv.json")))
 
 
+def test_the_store_learns_the_forward_order_from_the_backward():
+    """MXNet's Trainer numbers its keys by sorted parameter name (dense10 before dense2); the store
+    posts each gradient as the engine stages it and learns each key's place in the forward pass from
+    that order (the first layers' gradients come last), the schedulers' priority."""
+    from mxnet import autograd, gluon
+    from mxnet.gluon import nn
+
+    net = nn.HybridSequential()
+    for _ in range(11):
+        net.add(nn.Dense(512, activation="relu"))
+    net.add(nn.Dense(2))
+    net.initialize(mx.init.Xavier())
+    kv = skv.create("local", settings=Settings(scheduler="prophet"))
+    try:
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv)
+        x, y = mx.nd.ones((256, 512)), mx.nd.zeros((256,))
+        for _ in range(3):
+            with autograd.record():
+                loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(x), y)
+            loss.backward()
+            trainer.step(256)
+        kv.flush(timeout=60)
+        place = {trainer._params[key].name: index for key, index in kv.forward_index.items()}
+    finally:
+        kv.close()
+    assert len(place) == 24
+    layer = {name: int(name.split("_")[0][len("dense"):]) for name in place}
+    first = [place[n] for n in place if layer[n] <= 2]
+    last = [place[n] for n in place if layer[n] >= 9]
+    assert max(first) < min(last), sorted(place, key=place.get)
+
+
 def test_invalid_scheduler_is_one_line_error():
     env = dict(os.environ, BYTEPS_SCHEDULER="bogus")
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--steps", "1"], env=env,
@@ -399,7 +431,7 @@ def test_bench_prints_one_json_line(tmp_path, perfetto_check):
     from byteps_prophet.profile import load_profile
     profile = tmp_path / "p.json"
     result = run_local([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--model", "transformer",
-                        "--steps", "3", "--warmup", "2", "--batch", "2"],
+                        "--steps", "3", "--warmup", "2", "--batch", "24"],
                        workers=2, env={"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_PROFILE": str(profile)},
                        timeout=240)
     assert result.ok, result.reason
@@ -411,7 +443,13 @@ def test_bench_prints_one_json_line(tmp_path, perfetto_check):
     assert data["profile"] == str(profile)
     recorded = load_profile(profile)
     assert len(recorded.iterations) == 3 and recorded.framework == "mxnet"
+    # In forward order, as the backward staged them: the embedding among the first, the output layer
+    # among the last, though MXNet's Trainer numbers the embedding after the blocks (by sorted name).
+    # Gradients of one engine bulk are staged together, in no set order: hence "among".
+    shapes = [list(t.shape) for t in recorded.tensors]
+    assert shapes.index([512, 256]) < 12 and shapes.index([10, 512]) >= 30, shapes
     assert all(r is not None for r in recorded.iterations[-1].ready_s), recorded.iterations[-1].ready_s
+    assert sum(recorded.iterations[-1].fwd_s) > 0  # a whole forward timed alone, spread over the tensors
     trace = perfetto_check(f"{profile}.trace.json")
     assert sum(1 for _ in events(trace, "ready")) == 5 * len(trace["metadata"]["tensors"])
 
