@@ -38,7 +38,7 @@ def results(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("bps")
     values, runs = {}, {}
-    with Cluster(ClusterSpec(workers=2, servers=1, bandwidth="1gbit", engine="byteps", grace=2.0),
+    with Cluster(ClusterSpec(workers=2, servers=1, bandwidth="200mbit", engine="byteps", grace=2.0),
                  output=False) as cluster:
         for scheduler in ("fifo", "bytescheduler", "prophet"):
             path = out / f"{scheduler}.npz"
