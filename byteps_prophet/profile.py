@@ -158,12 +158,7 @@ class Profile:
     def backward_times(self) -> dict[int, float]:
         """Per tensor that produced a gradient (forward index -> seconds): the gap between its median
         ready time and the latest of the tensors after it (backward runs from the last index down)."""
-        bwd, latest = {}, 0.0
-        for i, r in reversed(list(enumerate(self.median_ready_s()))):
-            if r is not None:
-                bwd[i] = max(r, latest) - latest
-                latest = max(latest, r)
-        return bwd
+        return _backward_gaps(self.median_ready_s())
 
     def with_forward_total(self, seconds: float) -> "Profile":
         """This profile with a forward time for every tensor: ``seconds`` (a whole forward pass, timed
@@ -204,7 +199,7 @@ class Profile:
             values = [it.fwd_s[i] for it in self.iterations if it.fwd_s is not None and it.fwd_s[i] is not None]
             fwd_med.append(statistics.median(values) if values else None)
 
-        bwd = self.backward_times()
+        bwd = _backward_gaps(ready)
         recorded = any(it.fwd_s is not None for it in self.iterations)
         fwd = {i: fwd_med[i] if fwd_med[i] is not None else 0.0 if recorded else FWD_FROM_BWD * bwd[i]
                for i in kept}
@@ -542,3 +537,14 @@ def _time(value: Any, method: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UserError(f"ProfileRecorder.{method}: time must be a finite number of seconds, got {value!r}")
     return float(value)
+
+
+def _backward_gaps(ready: tuple[float | None, ...]) -> dict[int, float]:
+    """``Profile.backward_times`` from the median ready times ``ready`` (None: no gradient)."""
+    bwd, latest = {}, 0.0
+    for i, r in reversed(list(enumerate(ready))):
+        if r is not None:
+            bwd[i] = max(r, latest) - latest
+            latest = max(latest, r)
+    return bwd
+

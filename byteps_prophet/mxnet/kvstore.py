@@ -24,12 +24,13 @@ reads them. Learned once, the order is fixed, so the probe never follows one ste
 numbering (``_learn_forward_order``).
 
 The scheduler ``send``s slices; each slice maps to the fixed *atoms* it covers (rows along dim 0,
-each pushed and pulled under its own key, initialised once), so every worker pushes the same keys whatever the scheduler cut. An atom a
-slice only partly covers is sent whole, at once (its data is ready), so no byte is sent twice in an
-iteration and no slice waits on a later one. Each atom has its own buffer (its own engine variable, so
-waiting for one atom never waits for another), sent and answered in place by one ``pushpull``. When
-every row of a gradient is synchronised the atoms' buffers are copied into ``out`` under the gate and
-the gate completes; the key's next registration waits for that copy.
+each pushed and pulled under its own key, initialised once), so every worker pushes the same keys
+whatever the scheduler cut. An atom a slice only partly covers is sent whole, at once (its data is
+ready), so no byte is sent twice in an iteration and no slice waits on a later one. Each atom has
+its own buffer (its own engine variable, so waiting for one atom never waits for another), sent and
+answered in place by one ``pushpull``. When every row of a gradient is synchronised the atoms'
+buffers are copied into ``out`` under the gate and the gate completes; the key's next registration
+waits for that copy.
 
 One worker, the leader, schedules; it announces each atom it issues over an order channel
 (``SocketChannel``), and the other workers issue the same atoms in that order, each once their own
@@ -527,16 +528,18 @@ class ScheduledKVStore(KVStoreBase):
                     iteration, syncs = self._closed_steps.popleft()
                 untouched = not any(sync.staged.is_set() for sync in syncs)
                 if self._mirror:  # followers issue as their gradients are staged (see _stage); they
-                    for sync in syncs:  # learn the forward order all the same: the priority they
-                        self._wait(sync.staged)  # give their engine (_announced_atom)
-                    self._learn_forward_order(syncs, untouched)
+                    if not self._forward_index:  # learn the forward order all the same: the priority
+                        for sync in syncs:  # they give their engine (_announced_atom)
+                            self._wait(sync.staged)
+                        self._learn_forward_order(syncs, untouched)
                     continue
                 for sync in sorted(syncs, key=lambda s: -self._index(s.key)):  # backward order
                     self._wait(sync.staged)  # includes any plain pull of the key (see _pull_one)
-                    if sync.task.index != self._index(sync.key):  # registered before the order was learned
+                    index = self._index(sync.key)
+                    if sync.task.index != index:  # registered before the order was learned
                         task = sync.task
-                        sync.task = Task(task.name, self._index(sync.key), task.shape, task.itemsize,
-                                         task.iteration, payload=sync)
+                        sync.task = Task(task.name, index, task.shape, task.itemsize, task.iteration,
+                                         payload=sync)
                     with self._lock:
                         self._trace("ready", sync.task.name, iteration)
                         sync.ready = True
