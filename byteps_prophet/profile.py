@@ -191,24 +191,8 @@ class Profile:
         * The ModelSpec carries no FLOPs (0): its times come from the record, not the cost model.
         """
         ready = self.median_ready_s()
-        kept = [i for i, r in enumerate(ready) if r is not None]
-        if not kept:  # cannot happen for a validated profile; keeps the contract explicit
-            raise UserError(f"profile of {self.model!r}: no tensor ever produced a gradient")
-        fwd_med: list[float | None] = []
-        for i in range(len(self.tensors)):
-            values = [it.fwd_s[i] for it in self.iterations if it.fwd_s is not None and it.fwd_s[i] is not None]
-            fwd_med.append(statistics.median(values) if values else None)
+        kept = self._kept(ready)
 
-        bwd = _backward_gaps(ready)
-        recorded = any(it.fwd_s is not None for it in self.iterations)
-        fwd = {i: fwd_med[i] if fwd_med[i] is not None else 0.0 if recorded else FWD_FROM_BWD * bwd[i]
-               for i in kept}
-        for i, value in enumerate(fwd_med):  # fold unused tensors' forward time into a kept one
-            if ready[i] is None and value is not None:
-                before = [k for k in kept if k < i]
-                fwd[before[-1] if before else kept[0]] += value
-
-        from byteps_prophet.sim.costmodel import LayerTimes
         from byteps_prophet.sim.zoo import ModelSpec, TensorSpec
 
         tensors = tuple(
@@ -217,8 +201,52 @@ class Profile:
             for i in kept
         )
         model = ModelSpec(self.model, tensors, self.batch)
-        times = LayerTimes(tuple(fwd[i] for i in kept), tuple(bwd[i] for i in kept))
-        return model, times
+        return model, self._layer_times(kept, ready, self._median_fwd_s(), _backward_gaps(ready))
+
+    def iteration_times(self) -> tuple[LayerTimes, ...]:
+        """The simulator's compute of each recorded iteration, in the order recorded (the tensors of
+        ``to_model_and_times``): each iteration's own ready times and forward times, the medians where
+        it has none. Replayed in turn they carry the recording's variation from one iteration to the
+        next, which a scheduler that predicts from past iterations has to live with."""
+        ready_med, fwd_med = self.median_ready_s(), self._median_fwd_s()
+        kept = self._kept(ready_med)
+        out = []
+        for it in self.iterations:
+            ready = tuple(r if r is not None else m for r, m in zip(it.ready_s, ready_med))
+            fwd = fwd_med if it.fwd_s is None else tuple(f if f is not None else m
+                                                         for f, m in zip(it.fwd_s, fwd_med))
+            out.append(self._layer_times(kept, ready, fwd, _backward_gaps(ready)))
+        return tuple(out)
+
+    def _median_fwd_s(self) -> tuple[float | None, ...]:
+        """Per tensor, the median of its recorded forward times (None: never recorded)."""
+        out = []
+        for i in range(len(self.tensors)):
+            values = [it.fwd_s[i] for it in self.iterations if it.fwd_s is not None and it.fwd_s[i] is not None]
+            out.append(statistics.median(values) if values else None)
+        return tuple(out)
+
+    def _kept(self, ready: tuple[float | None, ...]) -> list[int]:
+        """The tensors that produced a gradient (unused parameters are left out of the model)."""
+        kept = [i for i, r in enumerate(ready) if r is not None]
+        if not kept:  # cannot happen for a validated profile; keeps the contract explicit
+            raise UserError(f"profile of {self.model!r}: no tensor ever produced a gradient")
+        return kept
+
+    def _layer_times(self, kept: list[int], ready: tuple[float | None, ...],
+                     fwd_recorded: tuple[float | None, ...], bwd: dict[int, float]) -> LayerTimes:
+        """``LayerTimes`` of the ``kept`` tensors from backward gaps and forward times (None: not
+        recorded), by the rules of ``to_model_and_times``."""
+        from byteps_prophet.sim.costmodel import LayerTimes
+
+        recorded = any(it.fwd_s is not None for it in self.iterations)
+        fwd = {i: fwd_recorded[i] if fwd_recorded[i] is not None else 0.0 if recorded else FWD_FROM_BWD * bwd[i]
+               for i in kept}
+        for i, value in enumerate(fwd_recorded):  # fold unused tensors' forward time into a kept one
+            if ready[i] is None and value is not None:
+                before = [k for k in kept if k < i]
+                fwd[before[-1] if before else kept[0]] += value
+        return LayerTimes(tuple(fwd[i] for i in kept), tuple(bwd[i] for i in kept))
 
 
 def load_profile(path: str | os.PathLike) -> Profile:

@@ -194,16 +194,16 @@ def parse_overrides(text: str) -> dict:
     return out
 
 
-def replay(names: list[str], iterations: int, overrides: dict | None = None) -> dict:
+def replay(names: list[str], iterations: int, overrides: dict | None = None, compute: str = "recorded") -> dict:
     with tempfile.TemporaryDirectory(prefix="bpp-override-") as folder:  # the what-if engine copies
-        return _replay(names, iterations, overrides, Path(folder))
+        return _replay(names, iterations, overrides, Path(folder), compute)
 
 
-def _replay(names: list[str], iterations: int, overrides: dict | None, scratch: Path) -> dict:
+def _replay(names: list[str], iterations: int, overrides: dict | None, scratch: Path, compute: str) -> dict:
     with_engine = simulator_has_engine()
     log(f"simulator {'takes --engine' if with_engine else 'has no --engine yet: --bandwidth/--overhead/--latency'}")
     results = {"commit": git_commit(), "simulator_engine_option": with_engine, "iterations": iterations,
-               "target": TARGET, "configs": {}}
+               "compute": compute, "target": TARGET, "configs": {}}
     for name in names:
         cfg = CONFIGS[name]
         folder = OUT / name
@@ -221,7 +221,8 @@ def _replay(names: list[str], iterations: int, overrides: dict | None, scratch: 
         for r in measured["runs"]:
             profile = os.path.relpath(folder / r["profile"], ROOT)  # commands in the results run from the root
             argv = cli("simulate", "--profile", profile, "--workers", "2", *arch, *link,
-                       "--scheduler", r["variant"], "--iterations", str(iterations), "--json")
+                       "--scheduler", r["variant"], "--iterations", str(iterations), "--compute", compute,
+                       "--json")
             # Prophet's fusion as recorded (BYTEPS_PROPHET_FUSE, in the profile's meta since 33's fusion
             # work; recordings without it did not fuse): a replay of an unfused run must not fuse
             fuse = "1" if json.loads((ROOT / profile).read_text()).get("meta", {}).get("fuse") else "0"
@@ -315,6 +316,9 @@ def main(argv=None) -> int:
     p.add_argument("--override", default="", metavar="TRAIT=VALUE,...",
                    help="replay under the engine files with these traits changed (e.g. backpressure=false,"
                         "duplex_efficiency=1: the model before them); needs --replay-only, writes no results.json")
+    p.add_argument("--compute", choices=("recorded", "median"), default="recorded",
+                   help="the simulator replays each recorded iteration's compute in turn (recorded, the default) "
+                        "or the median iteration every time (median: a what-if, writes no results.json)")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     bad = [n for n in names if n not in CONFIGS]
@@ -350,13 +354,13 @@ def main(argv=None) -> int:
             for engine in dict.fromkeys(CONFIGS[n]["engine"] for n in names):
                 calibrate(engine)
     try:
-        results = replay(names, args.iterations, overrides)
+        results = replay(names, args.iterations, overrides, args.compute)
     except ConfigError as err:
         print(f"bench_replay: {err}", file=sys.stderr)
         return 2
     results["overrides"] = overrides
     # a what-if (overrides) leaves docs/replay/results.json with the engine files' own replay
-    if not overrides and (not args.replay_only or args.configs == ",".join(CONFIGS)):
+    if not overrides and args.compute == "recorded" and (not args.replay_only or args.configs == ",".join(CONFIGS)):
         (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1) if args.json else table(results) + "\n\n" + variant_table(results))
     return 0

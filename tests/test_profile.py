@@ -266,6 +266,35 @@ def test_non_monotone_and_unused_tensors():
     assert times.fwd_s == pytest.approx((0.001, 0.001, 0.001, 0.0017))  # unused fwd folded into fc.bias
 
 
+def test_iteration_times_replay_each_recorded_iteration():
+    """Each recorded iteration's own backward gaps and forward times, in the recorded order; what one
+    did not record is the medians'."""
+    profile = Profile.from_dict(good_dict())
+    first, second, third = profile.iteration_times()
+    assert first.ready_times() == pytest.approx((0.010, 0.006, 0.003, 0.001))
+    assert second.ready_times() == pytest.approx((0.012, 0.007, 0.004, 0.001))
+    assert third.ready_times() == pytest.approx((0.011, 0.006, 0.003, 0.002))
+    assert first.fwd_s == pytest.approx((0.002, 0.001, 0.001, 0.0005))
+    _, median = profile.to_model_and_times()
+    assert second.fwd_s == third.fwd_s == median.fwd_s  # no forward recorded: the medians'
+
+
+def test_iteration_times_fill_a_tensor_an_iteration_missed_with_its_median():
+    data = good_dict()
+    data["tensors"].append({"index": 4, "name": "unused.weight", "shape": [3], "dtype": "float32"})
+    for it in data["iterations"]:
+        it["ready_s"] = it["ready_s"] + [None]
+        if "fwd_s" in it:
+            it["fwd_s"] = it["fwd_s"] + [0.0007]
+    data["iterations"][2]["ready_s"][1] = None  # bn.weight not seen in the third iteration
+    profile = Profile.from_dict(data)
+    model, median = profile.to_model_and_times()
+    times = profile.iteration_times()
+    assert all(len(t.bwd_s) == len(model.tensors) == 4 for t in times)  # the unused tensor left out
+    assert times[2].ready_times() == pytest.approx((0.011, median.ready_times()[1], 0.003, 0.002))
+    assert times[0].fwd_s[-1] == pytest.approx(0.0005 + 0.0007)  # unused forward folded as in the medians
+
+
 def test_zoo_times_survive_a_profile_round_trip(tmp_path):
     """A profile synthesised from the cost model converts back to the same backward times."""
     zoo = get_model("resnet50")

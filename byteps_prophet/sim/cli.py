@@ -18,6 +18,9 @@ def register(subparsers) -> None:
                     "come from the environment (BYTESCHEDULER_PARTITION, BYTESCHEDULER_CREDIT, PROPHET_*).")
     p.add_argument("--model", help="resnet50, vgg16, alexnet, inception_v3 or bert_base (or use --profile)")
     p.add_argument("--profile", metavar="FILE", help="replay a recorded profile (docs/PROFILE.md) instead of the zoo")
+    p.add_argument("--compute", choices=("recorded", "median"),
+                   help="with --profile: replay each recorded iteration's compute in turn (recorded, the "
+                        "default) or the median iteration every time (median)")
     p.add_argument("--engine", metavar="FILE",
                    help="an engine profile written by `byteps-prophet calibrate` (docs/ENGINE.md), or a preset: "
                         "ideal, ideal-ps, gloo, byteps, kvstore; sets the architecture, per-message cost, "
@@ -96,8 +99,12 @@ def _load_model(args):
     if args.profile:
         if args.model:
             raise UserError("give --model or --profile, not both (a profile names its own model)")
-        model, times = load_profile(args.profile).to_model_and_times()
-        return model, layers_from(model, times)
+        profile = load_profile(args.profile)
+        model, times = profile.to_model_and_times()
+        recorded = profile.iteration_times() if args.compute != "median" else ()
+        return model, layers_from(model, times, recorded)
+    if args.compute:
+        raise UserError(f"--compute {args.compute} needs --profile (the zoo's models have no recorded iterations)")
     if not args.model:
         raise UserError("--model is required (resnet50, vgg16, alexnet, inception_v3, bert_base) unless --profile is given")
     model = get_model(args.model)

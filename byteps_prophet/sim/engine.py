@@ -31,6 +31,14 @@ class Layer:
     fwd_s: float
     bwd_s: float
     itemsize: int = 4
+    recorded: tuple[tuple[float, float], ...] = ()  # (fwd_s, bwd_s) of each recorded iteration
+
+    def times(self, iteration: int) -> tuple[float, float]:
+        """(forward, backward) seconds in ``iteration``: the recorded iterations in turn where a profile
+        recorded them, else ``fwd_s`` and ``bwd_s`` (the medians, or the cost model's)."""
+        if not self.recorded:
+            return self.fwd_s, self.bwd_s
+        return self.recorded[iteration % len(self.recorded)]
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,7 @@ class SimResult:
     trace: SpanLog | None
     finish_s: float  # when the last byte of the last iteration was synchronised
     messages: list[int] = field(default_factory=list)  # per message the network carried: its iteration
+    cycle: int = 1  # the recorded iterations the compute goes through in turn (``Layer.recorded``)
 
     @property
     def iteration_times(self) -> list[float]:
@@ -104,11 +113,15 @@ class SimResult:
 
     @property
     def iter_s(self) -> float:
-        """Mean steady-state iteration time (after ``warmup`` iterations)."""
+        """Mean steady-state iteration time (after ``warmup`` iterations), over whole cycles of the
+        recorded iterations where there are enough (each recorded iteration counts as often)."""
         starts = self.iteration_starts[self.warmup:]
         if len(starts) < 2:
             starts = self.iteration_starts
-        return (starts[-1] - starts[0]) / (len(starts) - 1)
+        span = len(starts) - 1
+        if span > self.cycle:
+            span -= span % self.cycle
+        return (starts[span] - starts[0]) / span
 
     @property
     def total_s(self) -> float:
@@ -200,7 +213,7 @@ class Simulation:
                 return  # the start of the iteration after the last ends the measurement
             self._pace = self._slowest_pace()
         start = self.loop.time
-        end = start + self._compute_time(self.layers[i].fwd_s)
+        end = start + self._compute_time(self.layers[i].times(self._iteration)[0])
         self._log_compute(f"fwd {i}", start, end)
         if i + 1 < len(self.layers):
             self.loop.at(end, self._forward, i + 1)
@@ -209,7 +222,7 @@ class Simulation:
 
     def _backward(self, i: int) -> None:
         start = self.loop.time
-        end = start + self._compute_time(self.layers[i].bwd_s)
+        end = start + self._compute_time(self.layers[i].times(self._iteration)[1])
         self._log_compute(f"bwd {i}", start, end)
         self.loop.at(end, self._gradient_ready, i)
 
@@ -272,7 +285,9 @@ class Simulation:
             raise RuntimeError(
                 f"simulation stalled in iteration {len(self._iteration_starts)} under {self.scheduler.name}"
             )
-        return SimResult(self._iteration_starts, self.warmup, self._sent, self._trace, self.loop.time, self._messages)
+        cycle = max(len(layer.recorded) for layer in self.layers) or 1
+        return SimResult(self._iteration_starts, self.warmup, self._sent, self._trace, self.loop.time, self._messages,
+                         cycle)
 
 
 def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:
@@ -289,11 +304,13 @@ def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:
     return max(compute, comm, compute + sim.network.sync_time(first, bandwidth))
 
 
-def layers_from(model, times) -> list[Layer]:
-    """Simulator layers from a zoo ``ModelSpec`` (or a profile's) and its ``LayerTimes``."""
+def layers_from(model, times, recorded=()) -> list[Layer]:
+    """Simulator layers from a zoo ``ModelSpec`` (or a profile's) and its ``LayerTimes``; ``recorded``:
+    ``LayerTimes`` of each recorded iteration, replayed in turn (``Profile.iteration_times``)."""
     return [
-        Layer(t.name, tuple(t.shape), fwd, bwd, getattr(t, "itemsize", 4))
-        for t, fwd, bwd in zip(model.tensors, times.fwd_s, times.bwd_s)
+        Layer(t.name, tuple(t.shape), fwd, bwd, getattr(t, "itemsize", 4),
+              tuple((it.fwd_s[k], it.bwd_s[k]) for it in recorded))
+        for k, (t, fwd, bwd) in enumerate(zip(model.tensors, times.fwd_s, times.bwd_s))
     ]
 
 

@@ -38,13 +38,20 @@ def test_profile_replay(capsys, tmp_path):
     for it in range(3):
         rec.begin_iteration(10.0 * it)
         for i in reversed(range(4)):
-            rec.gradient_ready(f"w{i}", 10.0 * it + 0.001 * (4 - i))
-        rec.end_iteration(10.0 * it + 0.01)
+            rec.gradient_ready(f"w{i}", 10.0 * it + 0.01 * (1, 1, 4)[it] * (4 - i))  # the third 4x as slow
+        rec.end_iteration(10.0 * it + 0.2)
     path = tmp_path / "profile.json"
     rec.profile().save(path)
-    assert main(["simulate", "--profile", str(path), "--scheduler", "fifo", "--iterations", "6", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["model"] == "toy" and out["tensors"] == 4
+    iter_ms = {}
+    for compute in ("recorded", "median"):
+        assert main(["simulate", "--profile", str(path), "--scheduler", "fifo", "--iterations", "9",
+                     "--compute", compute, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["model"] == "toy" and out["tensors"] == 4
+        iter_ms[compute] = out["results"]["fifo"]["iter_ms"]
+    # The median iteration's backward is 40 ms, the three in turn average 80 ms; no forward recorded,
+    # each takes half its backward: 20 ms against 40.
+    assert iter_ms["recorded"] - iter_ms["median"] == pytest.approx(40 + 20, rel=0.05)
 
 
 @pytest.mark.parametrize("args, env, culprit", [
@@ -56,6 +63,7 @@ def test_profile_replay(capsys, tmp_path):
     (["--model", "vgg16"], {"BYTESCHEDULER_CREDIT": "lots"}, "BYTESCHEDULER_CREDIT"),
     (["--model", "vgg16"], {"PROPHET_MODE": "magic"}, "PROPHET_MODE"),
     (["--profile", "/nonexistent/profile.json"], {}, "profile.json"),
+    (["--model", "vgg16", "--compute", "median"], {}, "--compute"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, env, culprit, tmp_path):
     import os

@@ -90,6 +90,23 @@ def test_changing_conditions_slow_the_run_down():
     assert slow.iteration_times[-1] > 1.3 * fast.iteration_times[-1]
 
 
+def test_recorded_iterations_are_replayed_in_turn_and_averaged_over_whole_cycles():
+    """A layer with recorded iterations computes the recorded times in turn; the mean iteration time
+    counts each recorded iteration as often (here: compute-bound, so exactly their mean)."""
+    recorded = ((1e-3, 10e-3), (1e-3, 30e-3))
+    layers = [Layer("w", (10,), 1e-3, 20e-3, recorded=recorded)]
+    assert [layers[0].times(i) for i in range(3)] == [recorded[0], recorded[1], recorded[0]]
+    cluster = ClusterSpec(workers=2, bandwidth=100e9 / 8)
+    result = Simulation(layers, cluster, Settings(scheduler="fifo"), iterations=9, warmup=2).run()
+    assert result.cycle == 2
+    assert result.iter_s == pytest.approx(21e-3, rel=0.02)  # mean of 11 and 31 ms (plus the tiny sync)
+    times = result.iteration_times[2:]
+    assert times[0] == pytest.approx(11e-3, rel=0.05) and times[1] == pytest.approx(31e-3, rel=0.05)
+    steady = Simulation([Layer("w", (10,), 1e-3, 20e-3)], cluster, Settings(scheduler="fifo"), iterations=9,
+                        warmup=2).run()
+    assert steady.cycle == 1 and steady.iter_s == pytest.approx(21e-3, rel=0.02)
+
+
 def test_layerwise_overlap_lets_forward_start_before_the_last_gradient_is_synchronised():
     # Gradient 0 is tiny and synchronised first; the huge last layer's sync overlaps the next forward.
     layers = [Layer("first", (10,), 5e-3, 5e-3), Layer("huge", (4_000_000,), 1e-3, 1e-3)]
