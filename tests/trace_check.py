@@ -44,7 +44,9 @@ def assert_plan_engaged(trace: dict, iterations: int, what: str, pieces: str = "
     Returns the planned iterations."""
     planned = trace["metadata"]["planned_iterations"]
     plans = sorted(e["args"]["iteration"] for e in events(trace, "plan"))
-    assert planned and planned > 0, f"{what}: Prophet's plan never engaged ({planned!r} of {iterations} iterations)"
+    why = trace["metadata"].get("credit_iterations")
+    assert planned and planned > 0, \
+        f"{what}: Prophet's plan never engaged ({planned!r} of {iterations} iterations; under the credit: {why})"
     assert len(plans) == planned and len(set(plans)) == len(plans), f"{what}: plan events {plans}, count {planned}"
     assert all(0 < it < iterations for it in plans), f"{what}: planned iterations {plans} of {iterations}"
     sent = collections.Counter(e["args"]["iteration"] for e in events(trace, pieces))

@@ -10,7 +10,7 @@ decided it, is a record in docs/DESIGN.md, cited below by its heading.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from heapq import heappop, heappush
 
 from byteps_prophet.core.bytescheduler import ByteScheduler
@@ -79,6 +79,7 @@ class Prophet(ByteScheduler):
         # DESIGN.md, "Link keeps up"
         self._recent_rates: deque[float] = deque(maxlen=KEEPS_UP_ITERATIONS)
         self.planned_iterations = 0  # iterations scheduled by the prediction (not under the credit)
+        self.credit_iterations: Counter[str] = Counter()  # the others, by why the credit scheduled them
 
     # -- events --------------------------------------------------------------------------------------
     def _on_ready(self, task: Task) -> None:
@@ -123,6 +124,8 @@ class Prophet(ByteScheduler):
         self._iteration = iteration
         self.prediction.begin(now)
         self._plan = plan = self.profiler.profile if self.bandwidth.known else None
+        if plan is None:
+            self.credit_iterations["bandwidth unknown" if self.profiler.profile else "no profile yet"] += 1
         # DESIGN.md, "Link keeps up"
         decide_keeps_up = self._pulls_follow_pushes and self.mode != "paper"
         if decide_keeps_up:
@@ -135,6 +138,7 @@ class Prophet(ByteScheduler):
                 self._block_sizes = [len(block.indices) for block in plan.blocks]
             if decide_keeps_up and self._link_keeps_up():
                 self._plan = None
+                self.credit_iterations["link keeps up"] += 1
             else:
                 self.planned_iterations += 1
             self._missing = list(self._block_sizes)

@@ -674,6 +674,7 @@ class ScheduledKVStore(KVStoreBase):
                 "rank": self.rank, "world_size": self.num_workers, "leader": self.leader, "mirror": self._mirror,
                 "serializations": self.traits.stages,
                 "planned_iterations": getattr(self.scheduler, "planned_iterations", None) if self.leader else None,
+                "credit_iterations": dict(getattr(self.scheduler, "credit_iterations", {})) if self.leader else None,
                 "tensors": [[e.order, str(e.key), list(e.shape), int(np.prod(e.shape)) * np.dtype(e.dtype).itemsize]
                             for e in self._keys.values()]}
         return self.trace.save(trace_path(self.settings.trace, self.rank, primary=self.leader), meta)

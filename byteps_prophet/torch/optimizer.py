@@ -525,6 +525,7 @@ class _Engine:
                 "serializations": self.traits.stages,
                 # iterations Prophet's prediction scheduled (not its fallback, the credit): leader only
                 "planned_iterations": getattr(self.scheduler, "planned_iterations", None),
+                "credit_iterations": dict(getattr(self.scheduler, "credit_iterations", {})),
                 "tensors": [[e.index, e.name, list(e.param.shape), e.param.numel() * e.param.element_size()]
                             for e in self.params]}
         return self.trace.save(path, meta)

@@ -628,6 +628,11 @@ def test_where_pulls_follow_pushes_a_step_the_link_keeps_up_with_goes_under_the_
     assert prophet.profiler.profile is not None
     assert (sends[5] == stock[5]) == keeps_up
     assert (prophet._plan is None) == keeps_up
+    # every iteration is counted once: planned, or under the credit with its reason (the traces' metadata)
+    why = prophet.credit_iterations
+    assert prophet.planned_iterations + sum(why.values()) == 6 and why["no profile yet"] >= 1
+    assert "bandwidth unknown" not in why
+    assert (why["link keeps up"] > 0, prophet.planned_iterations > 0) == (keeps_up, not keeps_up)
 
 
 def test_where_pulls_follow_pushes_a_link_that_stops_keeping_up_is_held_again():
