@@ -568,7 +568,8 @@ def _time(value: Any, method: str) -> float:
 
 
 def _backward_gaps(ready: tuple[float | None, ...]) -> dict[int, float]:
-    """``Profile.backward_times`` from the median ready times ``ready`` (None: no gradient)."""
+    """Per tensor with a gradient, its backward time from ready times ``ready`` (the medians, or one
+    iteration's; None: no gradient): the gap to the latest ready time of the tensors after it."""
     bwd, latest = {}, 0.0
     for i, r in reversed(list(enumerate(ready))):
         if r is not None:

@@ -105,8 +105,7 @@ def test_the_kvstore_replay_holds_every_variant_within_8_percent_and_orders_them
     """The committed KVStore transformer recording at 300 Mbit/s (3 rounds, 5b48faf) with the calibrated
     KVStore engine (pull in reply, duplex efficiency 0.83 from its pushpull bursts and windowed streams,
     e4c9cd8): FIFO +0.8%, ByteScheduler +1.6%, Prophet +2.9%, ordered as measured. Without the pull in the
-    reply (a pull request queued behind
-    every later push, as push + pull do) FIFO replayed 49% slow."""
+    reply (a pull request queued behind every later push, as push + pull do) FIFO replayed 49% slow."""
     results = bench.replay(["mxnet_kvstore_transformer_300m"], iterations=20)
     config = results["configs"]["mxnet_kvstore_transformer_300m"]
     assert config["order_agrees"], config
