@@ -8,9 +8,10 @@ For each real configuration of docs/AB.md and docs/MXNET.md (CONFIGS below):
    ``flock /tmp/bench.lock``): every variant's profile and its measured step time
    (workers x batch / samples per second);
 2. calibrate: once per engine (``byteps-prophet calibrate --backend B``, under the lock);
-3. replay: ``byteps-prophet simulate --profile P --scheduler S`` with the engine (``--engine E`` where
-   the simulator has it, else the engine's rate, per-message cost and start-up latency given as
-   ``--bandwidth/--overhead/--latency``), and compare.
+3. replay: ``byteps-prophet simulate --profile P --scheduler S --steps N --warmup W`` with the engine
+   (``--engine E`` where the simulator has it, else the engine's rate, per-message cost and start-up
+   latency given as ``--bandwidth/--overhead/--latency``), timed as the recording was (its warm-up,
+   then its timed steps from a synchronised start to a synchronised end), and compare.
 
 Everything the replay needs is kept under docs/replay/ (profiles, engines, measured step times), so
 ``--replay-only`` re-runs step 3 without a cluster. Results: docs/replay/results.json and a table.
@@ -194,15 +195,27 @@ def parse_overrides(text: str) -> dict:
     return out
 
 
-def replay(names: list[str], iterations: int, overrides: dict | None = None, compute: str = "recorded") -> dict:
+def replay(names: list[str], iterations: int | None = None, overrides: dict | None = None,
+           compute: str = "recorded") -> dict:
+    """Replay the recordings of ``names``: timed as each was recorded, or (``iterations``, a what-if)
+    as the mean steady-state iteration of that many simulated iterations."""
     with tempfile.TemporaryDirectory(prefix="bpp-override-") as folder:  # the what-if engine copies
         return _replay(names, iterations, overrides, Path(folder), compute)
 
 
-def _replay(names: list[str], iterations: int, overrides: dict | None, scratch: Path, compute: str) -> dict:
+def measure_args(iterations: int | None, recorded: dict) -> list[str]:
+    """The simulator's measurement: the recording's own (its timed steps after its warm-up, from a
+    synchronised start to a synchronised end, as the A/B times them) or ``iterations``' steady state."""
+    if iterations:
+        return ["--iterations", str(iterations)]
+    return ["--steps", str(recorded["steps"]), "--warmup", str(recorded["warmup"])]
+
+
+def _replay(names: list[str], iterations: int | None, overrides: dict | None, scratch: Path, compute: str) -> dict:
     with_engine = simulator_has_engine()
     log(f"simulator {'takes --engine' if with_engine else 'has no --engine yet: --bandwidth/--overhead/--latency'}")
-    results = {"commit": git_commit(), "simulator_engine_option": with_engine, "iterations": iterations,
+    results = {"commit": git_commit(), "simulator_engine_option": with_engine,
+               "measure": f"steady state over {iterations} iterations" if iterations else "as recorded",
                "compute": compute, "target": TARGET, "configs": {}}
     for name in names:
         cfg = CONFIGS[name]
@@ -221,8 +234,8 @@ def _replay(names: list[str], iterations: int, overrides: dict | None, scratch: 
         for r in measured["runs"]:
             profile = os.path.relpath(folder / r["profile"], ROOT)  # commands in the results run from the root
             argv = cli("simulate", "--profile", profile, "--workers", "2", *arch, *link,
-                       "--scheduler", r["variant"], "--iterations", str(iterations), "--compute", compute,
-                       "--json")
+                       "--scheduler", r["variant"], *measure_args(iterations, measured["config"]),
+                       "--compute", compute, "--json")
             # Prophet's fusion as recorded (BYTEPS_PROPHET_FUSE, in the profile's meta since 33's fusion
             # work; recordings without it did not fuse): a replay of an unfused run must not fuse
             fuse = "1" if json.loads((ROOT / profile).read_text()).get("meta", {}).get("fuse") else "0"
@@ -311,7 +324,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-calibrate", action="store_true", help="record, but keep the engine files there are")
     p.add_argument("--rerecord", action="store_true", help="record configurations docs/replay/ already holds again")
     p.add_argument("--rounds", type=int, default=1, help="A/B rounds per configuration when recording (default 1)")
-    p.add_argument("--iterations", type=int, default=20, help="simulated iterations (default 20)")
+    p.add_argument("--iterations", type=int,
+                   help="what-if: predict the mean steady-state iteration over this many simulated iterations "
+                        "instead of the recording's timed steps (writes no results.json)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
     p.add_argument("--override", default="", metavar="TRAIT=VALUE,...",
                    help="replay under the engine files with these traits changed (e.g. backpressure=false,"
@@ -326,7 +341,7 @@ def main(argv=None) -> int:
         print(f"bench_replay: --configs {args.configs!r}: {', '.join(bad) or 'empty'} unknown; valid: "
               f"{', '.join(CONFIGS)}", file=sys.stderr)
         return 2
-    if args.rounds < 1 or args.iterations < 1:
+    if args.rounds < 1 or (args.iterations is not None and args.iterations < 1):
         print("bench_replay: --rounds and --iterations must be >= 1", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT))
@@ -360,7 +375,8 @@ def main(argv=None) -> int:
         return 2
     results["overrides"] = overrides
     # a what-if (overrides) leaves docs/replay/results.json with the engine files' own replay
-    if not overrides and args.compute == "recorded" and (not args.replay_only or args.configs == ",".join(CONFIGS)):
+    what_if = overrides or args.compute != "recorded" or args.iterations
+    if not what_if and (not args.replay_only or args.configs == ",".join(CONFIGS)):
         (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1) if args.json else table(results) + "\n\n" + variant_table(results))
     return 0

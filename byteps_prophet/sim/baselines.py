@@ -40,15 +40,18 @@ def make_baseline(name: str, simulation: Simulation, bucket_bytes: int = DDP_BUC
 
 
 def simulate_baseline(name: str, layers: Sequence[Layer], cluster: ClusterSpec, iterations: int = 30,
-                      warmup: int = 10, trace_iteration: int | None = None, **knobs) -> SimResult:
-    simulation = Simulation(layers, cluster, Settings(scheduler="fifo"), iterations, warmup, trace_iteration)
+                      warmup: int = 10, trace_iteration: int | None = None, synchronised: bool = False,
+                      **knobs) -> SimResult:
+    simulation = Simulation(layers, cluster, Settings(scheduler="fifo"), iterations, warmup, trace_iteration,
+                            synchronised)
     simulation.scheduler = make_baseline(name, simulation, **knobs)
     return simulation.run()
 
 
 def best_bucket(layers: Sequence[Layer], cluster: ClusterSpec, iterations: int = 30, warmup: int = 10,
-                sweep: Sequence[int] = BUCKET_SWEEP) -> tuple[int, dict[int, float]]:
+                sweep: Sequence[int] = BUCKET_SWEEP, synchronised: bool = False) -> tuple[int, dict[int, float]]:
     """The bucket of ``sweep`` with the shortest iteration, and every bucket's iteration seconds."""
-    times = {bucket: simulate_baseline("ddp", layers, cluster, iterations, warmup, bucket_bytes=bucket).iter_s
+    times = {bucket: simulate_baseline("ddp", layers, cluster, iterations, warmup, synchronised=synchronised,
+                                       bucket_bytes=bucket).iter_s
              for bucket in sweep}
     return min(times, key=times.get), times

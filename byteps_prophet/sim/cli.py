@@ -38,7 +38,15 @@ def register(subparsers) -> None:
     p.add_argument("--scheduler", default="all",
                    help="comma-separated: fifo, bytescheduler, prophet; or all (default, these three); and the "
                         "baselines ddp (DDP's buckets, default and best of a sweep), horovod (tensor fusion)")
-    p.add_argument("--iterations", type=_positive_int, default=30, help="simulated iterations (default 30)")
+    p.add_argument("--iterations", type=_positive_int,
+                   help="simulated iterations; the step time is the mean steady-state iteration (default 30)")
+    p.add_argument("--steps", type=_positive_int,
+                   help="time as the benchmarks (ab) do instead: --warmup untimed iterations, then STEPS timed "
+                        "steps from a synchronised start until every byte of the last is synchronised; a "
+                        "profile's recorded iterations replay from the first timed step")
+    p.add_argument("--warmup", type=_non_negative_int,
+                   help="untimed iterations before the measurement (default: 5 with --steps, as ab; else a "
+                        "third of --iterations, at most 10)")
     p.add_argument("--jitter", type=float, default=0.0,
                    help="per-worker compute jitter per iteration, as a fraction (0.05 = 5%%; default 0)")
     p.add_argument("--slow-worker", type=float, default=1.0, metavar="FACTOR",
@@ -61,6 +69,33 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
     return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _measurement(args) -> dict:
+    """``compare``'s iterations, warm-up, traced iteration and whether the run is timed as the
+    benchmarks do."""
+    if args.steps is not None:
+        if args.iterations is not None:
+            raise UserError("give --iterations (steady state) or --steps (timed as the benchmarks), not both")
+        warmup = 5 if args.warmup is None else args.warmup
+        return {"iterations": warmup + args.steps, "warmup": warmup, "synchronised": True,
+                "trace_iteration": warmup + args.steps // 2}
+    iterations = args.iterations or 30
+    warmup = min(10, iterations // 3) if args.warmup is None else args.warmup
+    if args.warmup is not None and warmup > iterations - 2:
+        raise UserError(f"--warmup {warmup} leaves too few of --iterations {iterations} to measure; "
+                        f"valid: at most {max(0, iterations - 2)}")
+    return {"iterations": iterations, "warmup": warmup, "synchronised": False, "trace_iteration": iterations // 2}
 
 
 def _steps(items: list[str], parse_value, what: str) -> tuple[tuple[float, float], ...]:
@@ -137,15 +172,16 @@ def run(args) -> int:
 
         bar = tqdm(total=sum(len(v) for k, v in _variants(schedulers)), desc="simulating", leave=False)
         progress = lambda name: (bar.set_postfix_str(name), bar.update(1))  # noqa: E731
-    comparison = compare(layers, cluster, schedulers, settings, iterations=args.iterations,
-                         warmup=min(10, args.iterations // 3), trace_iteration=args.iterations // 2,
-                         progress=progress)
+    measurement = _measurement(args)
+    comparison = compare(layers, cluster, schedulers, settings, **measurement, progress=progress)
     if progress is not None:
         bar.close()
     out = report(comparison, model=model.name, tensors=len(layers), params=model.params,
                  batch=args.batch or model.default_batch, workers=args.workers,
                  servers=cluster.traits.servers or args.workers, arch=args.arch, bandwidth=args.bandwidth,
-                 engine=cluster.traits.to_dict())
+                 engine=cluster.traits.to_dict(),
+                 measure=({"timed_steps": args.steps, "warmup": measurement["warmup"]} if args.steps
+                          else {"iterations": measurement["iterations"], "warmup": measurement["warmup"]}))
     if args.trace:
         write_trace(comparison, args.trace)
     if args.plot:

@@ -4,6 +4,13 @@ One representative worker (see ``network``) runs forward layer by layer, each la
 only for its own parameters from the previous iteration (layer-wise overlap), then backward, posting
 each gradient to the scheduler the moment it is produced. The scheduler object is the same class that
 runs in real training; it sees simulated time through its clock and the network through ``send``.
+
+Two ways to measure: the mean steady-state iteration (the default), or ``synchronised``, as the
+benchmarks time their steps (``ab``, the framework benches): untimed warm-up iterations, then a
+synchronised start (every parameter up to date, nothing in flight), the timed steps, and the end once
+every byte of the last one is synchronised. The timed steps' compute is the recorded iterations'
+from the first, as they were recorded; their edges (the first forward on an idle link, the last
+step's communication with no forward to overlap) count as the benchmarks count them.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from byteps_prophet.errors import UserError
 from byteps_prophet.sim.network import ARCHITECTURES, Conditions, ParameterServerNetwork, RingAllReduceNetwork
 
 DEFAULT_OVERHEAD = 50e-6  # per message per link: the "0.05 ms per message" of the simple model
+SYNCHRONISED = -1  # ``Simulation._waiting_for``: every parameter (a synchronised run's first timed step)
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class SimResult:
     finish_s: float  # when the last byte of the last iteration was synchronised
     messages: list[int] = field(default_factory=list)  # per message the network carried: its iteration
     cycle: int = 1  # the recorded iterations the compute goes through in turn (``Layer.recorded``)
+    window: tuple[float, float] | None = None  # synchronised: the timed steps' start and end
 
     @property
     def iteration_times(self) -> list[float]:
@@ -114,7 +123,11 @@ class SimResult:
     @property
     def iter_s(self) -> float:
         """Mean steady-state iteration time (after ``warmup`` iterations), over whole cycles of the
-        recorded iterations where there are enough (each recorded iteration counts as often)."""
+        recorded iterations where there are enough (each recorded iteration counts as often); for a
+        synchronised run, the timed window over its steps."""
+        if self.window is not None:
+            start, end = self.window
+            return (end - start) / (len(self.iteration_starts) - 1 - self.warmup)
         starts = self.iteration_starts[self.warmup:]
         if len(starts) < 2:
             starts = self.iteration_starts
@@ -149,13 +162,22 @@ class EventLoop:
 
 class Simulation:
     def __init__(self, layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings,
-                 iterations: int = 30, warmup: int = 10, trace_iteration: int | None = None) -> None:
+                 iterations: int = 30, warmup: int = 10, trace_iteration: int | None = None,
+                 synchronised: bool = False) -> None:
         if not layers:
             raise UserError("the model has no parameter tensors")
         self.layers = list(layers)
         self.cluster = cluster
         self.iterations = iterations
-        self.warmup = min(warmup, max(0, iterations - 2))
+        if synchronised and not 0 <= warmup < iterations:
+            raise UserError(f"warmup={warmup} leaves no timed step of {iterations} iterations; "
+                            f"valid: 0 to {iterations - 1}")
+        self.warmup = warmup if synchronised else min(warmup, max(0, iterations - 2))
+        # synchronised: the timed steps (from ``warmup`` on) replay the recorded iterations from the first
+        self.synchronised = synchronised
+        self._compute_offset = self.warmup if synchronised else 0
+        self._window_start: float | None = None
+        self._last_synced = 0.0
         self.loop = EventLoop()
         self.conditions = Conditions(cluster.bandwidth, cluster.bandwidth_steps, cluster.compute_steps)
         traits = cluster.traits
@@ -204,6 +226,8 @@ class Simulation:
         return max(first, max(draws, default=first))
 
     def _forward(self, i: int) -> None:
+        if i == 0 and self._synchronised_start_waits():
+            return
         if not self._synced[i]:
             self._waiting_for = i
             return
@@ -213,16 +237,27 @@ class Simulation:
                 return  # the start of the iteration after the last ends the measurement
             self._pace = self._slowest_pace()
         start = self.loop.time
-        end = start + self._compute_time(self.layers[i].times(self._iteration)[0])
+        end = start + self._compute_time(self.layers[i].times(self._iteration - self._compute_offset)[0])
         self._log_compute(f"fwd {i}", start, end)
         if i + 1 < len(self.layers):
             self.loop.at(end, self._forward, i + 1)
         else:
             self.loop.at(end, self._backward, len(self.layers) - 1)
 
+    def _synchronised_start_waits(self) -> bool:
+        """Whether the first timed step must wait for every parameter (a synchronised run); its start
+        is the window's."""
+        if not self.synchronised or self._iteration != self.warmup or self._window_start is not None:
+            return False
+        if not all(self._synced):
+            self._waiting_for = SYNCHRONISED
+            return True
+        self._window_start = self.loop.time
+        return False
+
     def _backward(self, i: int) -> None:
         start = self.loop.time
-        end = start + self._compute_time(self.layers[i].times(self._iteration)[1])
+        end = start + self._compute_time(self.layers[i].times(self._iteration - self._compute_offset)[1])
         self._log_compute(f"bwd {i}", start, end)
         self.loop.at(end, self._gradient_ready, i)
 
@@ -266,7 +301,11 @@ class Simulation:
         if self._trace is not None and self._traced(task):
             self._trace.done[task.index] = self.loop.time
         self._synced[task.index] = True
-        if self._waiting_for == task.index:
+        self._last_synced = self.loop.time
+        if self._waiting_for == SYNCHRONISED and all(self._synced):
+            self._waiting_for = None
+            self._forward(0)
+        elif self._waiting_for == task.index:
             self._waiting_for = None
             self._forward(task.index)
 
@@ -286,8 +325,9 @@ class Simulation:
                 f"simulation stalled in iteration {len(self._iteration_starts)} under {self.scheduler.name}"
             )
         cycle = max(len(layer.recorded) for layer in self.layers) or 1
+        window = (self._window_start, self._last_synced) if self.synchronised else None
         return SimResult(self._iteration_starts, self.warmup, self._sent, self._trace, self.loop.time, self._messages,
-                         cycle)
+                         cycle, window)
 
 
 def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:

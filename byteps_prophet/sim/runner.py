@@ -68,15 +68,17 @@ def variant_settings(name: str, base: Settings) -> Settings:
 
 def compare(layers: Sequence[Layer], cluster: ClusterSpec, schedulers: Iterable[str],
             base: Settings = Settings(), iterations: int = 30, warmup: int = 10,
-            trace_iteration: int | None = None, progress: Callable[[str], None] | None = None) -> Comparison:
-    """Simulate each requested scheduler (with its variants) on the same cluster and model."""
+            trace_iteration: int | None = None, progress: Callable[[str], None] | None = None,
+            synchronised: bool = False) -> Comparison:
+    """Simulate each requested scheduler (with its variants) on the same cluster and model; timed as
+    the benchmarks do where ``synchronised`` (``Simulation``)."""
     tick = progress or (lambda label: None)
     comparison = Comparison(lower_bound_s(layers, cluster),
                             sum(layer.fwd_s + layer.bwd_s for layer in layers))
 
     def run(settings: Settings, trace: bool = True) -> SimResult:
         return Simulation(layers, cluster, settings, iterations, warmup,
-                          trace_iteration if trace else None).run()
+                          trace_iteration if trace else None, synchronised).run()
 
     for choice in schedulers:
         for name in VARIANTS[choice]:
@@ -84,10 +86,11 @@ def compare(layers: Sequence[Layer], cluster: ClusterSpec, schedulers: Iterable[
             if name in ("ddp", "ddp_best", "horovod"):
                 bucket = {}
                 if name == "ddp_best":
-                    comparison.best_bucket, comparison.bucket_sweep = best_bucket(layers, cluster, iterations, warmup)
+                    comparison.best_bucket, comparison.bucket_sweep = best_bucket(layers, cluster, iterations, warmup,
+                                                                                     synchronised=synchronised)
                     bucket = {"bucket_bytes": comparison.best_bucket}
                 comparison.results[name] = simulate_baseline(name, layers, cluster, iterations, warmup,
-                                                             trace_iteration, **bucket)
+                                                             trace_iteration, synchronised, **bucket)
                 continue
             if name == "bytescheduler_best":
                 for credit in CREDIT_SWEEP:

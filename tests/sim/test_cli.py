@@ -52,6 +52,14 @@ def test_profile_replay(capsys, tmp_path):
     # The median iteration's backward is 40 ms, the three in turn average 80 ms; no forward recorded,
     # each takes half its backward: 20 ms against 40.
     assert iter_ms["recorded"] - iter_ms["median"] == pytest.approx(40 + 20, rel=0.05)
+    # Timed as the benchmarks: the timed steps replay the recorded iterations from the first (60, 60
+    # and 240 ms of compute), each from a synchronised start, whatever the warm-up.
+    for steps, compute_ms in ((1, 60), (3, 120)):
+        assert main(["simulate", "--profile", str(path), "--scheduler", "fifo", "--steps", str(steps),
+                     "--warmup", "2", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["measure"] == {"timed_steps": steps, "warmup": 2}
+        assert out["results"]["fifo"]["iter_ms"] == pytest.approx(compute_ms, rel=0.05)
 
 
 @pytest.mark.parametrize("args, env, culprit", [
@@ -64,6 +72,9 @@ def test_profile_replay(capsys, tmp_path):
     (["--model", "vgg16"], {"PROPHET_MODE": "magic"}, "PROPHET_MODE"),
     (["--profile", "/nonexistent/profile.json"], {}, "profile.json"),
     (["--model", "vgg16", "--compute", "median"], {}, "--compute"),
+    (["--model", "vgg16", "--steps", "2", "--iterations", "5"], {}, "--steps"),
+    (["--model", "vgg16", "--iterations", "5", "--warmup", "4"], {}, "--warmup"),
+    (["--model", "vgg16", "--steps", "0"], {}, "--steps"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, env, culprit, tmp_path):
     import os

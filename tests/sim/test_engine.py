@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from byteps_prophet.core import Settings
+from byteps_prophet.errors import UserError
 from byteps_prophet.sim.costmodel import compute_times
 from byteps_prophet.sim.engine import ClusterSpec, Layer, Simulation, layers_from, lower_bound_s
 from byteps_prophet.sim.zoo import get_model
@@ -114,3 +115,40 @@ def test_layerwise_overlap_lets_forward_start_before_the_last_gradient_is_synchr
                         iterations=4, warmup=1).run()
     sync_huge = 2 * 16e6 / (1e9 / 8)  # push + pull of the last layer alone
     assert result.iter_s < 0.012 + sync_huge
+
+
+def test_a_synchronised_run_times_the_recorded_iterations_from_its_first_timed_step():
+    """Timed as the benchmarks do: the first timed step starts with every parameter synchronised, the
+    window ends when the last step's bytes are, and the timed steps replay the recorded iterations
+    from the first whatever the warm-up. One layer, nothing to overlap: exactly each step's compute
+    plus one push and one pull of its 4 KB (32 us each at 1 Gbit/s, no per-message cost)."""
+    recorded = ((1e-3, 10e-3), (1e-3, 30e-3))
+    layers = [Layer("w", (1000,), 1e-3, 20e-3, recorded=recorded)]
+    cluster = ClusterSpec(workers=2, bandwidth=1e9 / 8, overhead=0)
+    sync = 2 * 4000 / (1e9 / 8)
+    for steps, compute in ((1, 11e-3), (2, 42e-3), (3, 53e-3)):
+        result = Simulation(layers, cluster, Settings(scheduler="fifo"), iterations=3 + steps, warmup=3,
+                            synchronised=True).run()
+        start, end = result.window
+        assert end - start == pytest.approx(compute + steps * sync, rel=1e-9)
+        assert result.iter_s == pytest.approx((compute + steps * sync) / steps, rel=1e-9)
+
+
+def test_a_synchronised_window_pays_the_forward_the_steady_state_overlaps():
+    """With a small credit the first layer's parameters come back before the huge layer's, so in the
+    steady state its 5 ms forward overlaps the huge layer's sync; the benchmarks' window starts with
+    nothing in flight and pays it once: N steps take N steady iterations plus 5 ms."""
+    layers = [Layer("first", (10,), 5e-3, 5e-3), Layer("huge", (4_000_000,), 1e-3, 1e-3)]
+    cluster = ClusterSpec(workers=2, bandwidth=1e9 / 8)
+    settings = Settings(scheduler="bytescheduler", credit=300_000, partition=200_000)
+    steady = Simulation(layers, cluster, settings, iterations=12, warmup=4).run().iter_s
+    for steps in (1, 4):
+        start, end = Simulation(layers, cluster, settings, iterations=2 + steps, warmup=2,
+                                synchronised=True).run().window
+        assert end - start == pytest.approx(steps * steady + 5e-3, rel=1e-6)
+
+
+def test_a_synchronised_run_needs_a_timed_step():
+    with pytest.raises(UserError, match="warmup=3 leaves no timed step of 3 iterations; valid: 0 to 2"):
+        Simulation([Layer("w", (10,), 1e-3, 1e-3)], ClusterSpec(workers=2), Settings(), iterations=3, warmup=3,
+                   synchronised=True)
