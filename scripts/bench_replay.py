@@ -233,18 +233,27 @@ def _replay(names: list[str], iterations: int | None, overrides: dict | None, sc
         rows = []
         for r in measured["runs"]:
             profile = os.path.relpath(folder / r["profile"], ROOT)  # commands in the results run from the root
+            recording = json.loads((ROOT / profile).read_text())
             argv = cli("simulate", "--profile", profile, "--workers", "2", *arch, *link,
                        "--scheduler", r["variant"], *measure_args(iterations, measured["config"]),
                        "--compute", compute, "--json")
             # Prophet's fusion as recorded (BYTEPS_PROPHET_FUSE, in the profile's meta since 33's fusion
             # work; recordings without it did not fuse): a replay of an unfused run must not fuse
-            fuse = "1" if json.loads((ROOT / profile).read_text()).get("meta", {}).get("fuse") else "0"
+            fuse = "1" if recording.get("meta", {}).get("fuse") else "0"
             env = {"BYTEPS_PROPHET_FUSE": fuse, **cfg.get("env", {})}
             proc = run(argv, locked=False, timeout=600, env=env)
             sim = json.loads(proc.stdout)
-            predicted = sim["results"][r["variant"]]["iter_ms"] / 1e3
+            result = sim["results"][r["variant"]]
+            predicted = result["iter_ms"] / 1e3
+            steps = {}
+            # Each step against the profile's own, where the profile's steps are the simulator's: the
+            # MXNet bench marks each at its backward start (the torch probe at its forward start)
+            if "steps_ms" in result and recording.get("framework") == "mxnet":
+                recorded = [it["iteration_s"] for it in recording["iterations"]]
+                steps = {"recorded_steps_s": [round(t, 4) for t in recorded],
+                         "predicted_steps_s": [round(t / 1e3, 4) for t in result["steps_ms"]]}
             rows.append({"variant": r["variant"], "round": r["round"], "measured_s": round(r["step_s"], 4),
-                         "predicted_s": round(predicted, 4), "error": round(predicted / r["step_s"] - 1, 4),
+                         "predicted_s": round(predicted, 4), "error": round(predicted / r["step_s"] - 1, 4), **steps,
                          "command": " ".join(f"{k}={v}" for k, v in env.items()) + " byteps-prophet "
                                     + " ".join(str(a) for a in argv[3:])})
         variants = per_variant_errors(rows)
@@ -270,7 +279,20 @@ def per_variant_errors(rows: list[dict]) -> dict:
         values = [r["measured_s"] for r in rows if r["variant"] == v]
         out[v] = {"rounds": len(values), "measured_s": round(meas[v], 4), "predicted_s": round(pred[v], 4),
                   "error": round(pred[v] / meas[v] - 1, 4), "measured_spread": round(max(values) / min(values) - 1, 4)}
+        inner = [e for e in (inner_steps_error(r) for r in rows if r["variant"] == v) if e is not None]
+        if inner:
+            out[v]["inner_steps_error"] = round(statistics.median(inner), 4)
     return out
+
+
+def inner_steps_error(row: dict) -> float | None:
+    """How far the predicted timed steps are from the recorded ones, leaving out the window's edges
+    (the first forward, which no profile step holds, and the last step, which ends at the final sync):
+    the sum of the others predicted over recorded, less 1; None without both, or with different counts."""
+    predicted, recorded = row.get("predicted_steps_s", [])[:-1], row.get("recorded_steps_s", [])[:-1]
+    if not recorded or len(predicted) != len(recorded):
+        return None
+    return sum(predicted) / sum(recorded) - 1
 
 
 def orders(rows: list[dict]) -> dict:
@@ -291,14 +313,16 @@ def git_commit() -> str:
 
 def variant_table(results: dict) -> str:
     """Per configuration and variant: medians over the rounds, the error, the measured rounds' spread."""
-    lines = ["| configuration | variant | rounds | measured s/step (spread) | predicted s/step | error | order |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| configuration | variant | rounds | measured s/step (spread) | predicted s/step | error | "
+             "steps but the edges | order |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, res in results["configs"].items():
         order = "right" if res["order_agrees"] else ("wrong" if not res["order_agrees_beyond_noise"]
                                                      else f"swap within {NOISE:.0%}")
         for k, (v, r) in enumerate(res.get("variants", {}).items()):
+            inner = f"{r['inner_steps_error']:+.1%}" if "inner_steps_error" in r else "-"
             lines.append(f"| {name if k == 0 else ''} | {v} | {r['rounds']} | {r['measured_s']:.3f} "
-                         f"({r['measured_spread']:.0%}) | {r['predicted_s']:.3f} | {r['error']:+.1%} | "
+                         f"({r['measured_spread']:.0%}) | {r['predicted_s']:.3f} | {r['error']:+.1%} | {inner} | "
                          f"{order if k == 0 else ''} |")
     return "\n".join(lines)
 

@@ -114,6 +114,7 @@ class SimResult:
     messages: list[int] = field(default_factory=list)  # per message the network carried: its iteration
     cycle: int = 1  # the recorded iterations the compute goes through in turn (``Layer.recorded``)
     window: tuple[float, float] | None = None  # synchronised: the timed steps' start and end
+    backward_starts: list[float] = field(default_factory=list)  # per iteration, when its backward began
 
     @property
     def iteration_times(self) -> list[float]:
@@ -135,6 +136,15 @@ class SimResult:
         if span > self.cycle:
             span -= span % self.cycle
         return (starts[span] - starts[0]) / span
+
+    @property
+    def timed_steps_s(self) -> list[float]:
+        """A synchronised run's timed steps as the benches' profiles count them (``iteration_s``): from
+        each step's backward start to the next one's, the last to the window's end."""
+        if self.window is None:
+            return []
+        marks = self.backward_starts[self.warmup:] + [self.window[1]]
+        return [b - a for a, b in zip(marks, marks[1:])]
 
     @property
     def total_s(self) -> float:
@@ -201,6 +211,7 @@ class Simulation:
         self._synced = [True] * len(self.layers)  # parameter i is up to date for the next forward
         self._waiting_for: int | None = None
         self._iteration_starts: list[float] = []
+        self._backward_starts: list[float] = []
         self._rng = random.Random(cluster.seed)
         self._pace = 1.0  # the slowest worker's compute factor this iteration
 
@@ -257,6 +268,8 @@ class Simulation:
 
     def _backward(self, i: int) -> None:
         start = self.loop.time
+        if i == len(self.layers) - 1:
+            self._backward_starts.append(start)
         end = start + self._compute_time(self.layers[i].times(self._iteration - self._compute_offset)[1])
         self._log_compute(f"bwd {i}", start, end)
         self.loop.at(end, self._gradient_ready, i)
@@ -327,7 +340,7 @@ class Simulation:
         cycle = max(len(layer.recorded) for layer in self.layers) or 1
         window = (self._window_start, self._last_synced) if self.synchronised else None
         return SimResult(self._iteration_starts, self.warmup, self._sent, self._trace, self.loop.time, self._messages,
-                         cycle, window)
+                         cycle, window, self._backward_starts)
 
 
 def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:

@@ -111,6 +111,8 @@ def report(comparison: Comparison, **header) -> dict:
     for name, result in comparison.results.items():
         entry = {"iter_ms": round(result.iter_s * 1e3, 4),
                  "ratio_to_lower_bound": round(result.iter_s / bound, 4)}
+        if result.window is not None:  # timed as the benchmarks: each step as their profiles count it
+            entry["steps_ms"] = [round(step * 1e3, 4) for step in result.timed_steps_s]
         if name == "bytescheduler_best":
             entry["credit"] = comparison.best_credit
         if name == "ddp_best":

@@ -111,3 +111,15 @@ def test_the_kvstore_replay_holds_every_variant_within_8_percent_and_orders_them
     assert config["order_agrees"], config
     for variant in ("fifo", "bytescheduler", "prophet"):
         assert abs(config["variants"][variant]["error"]) <= 0.08, config["variants"]
+
+
+def test_the_steps_but_the_window_edges_compare_step_by_step(bench):
+    """The timed steps but the last (which ends at the final sync) predicted against the recorded ones:
+    a step 10% long and one 10% short cancel; unequal counts give no figure rather than a wrong one."""
+    row = {"predicted_steps_s": [1.1, 0.9, 5.0], "recorded_steps_s": [1.0, 1.0, 1.0]}
+    assert bench.inner_steps_error(row) == pytest.approx(0.0)
+    assert bench.inner_steps_error({"predicted_steps_s": [1.2, 1.2], "recorded_steps_s": [1.0, 1.0]}) == pytest.approx(0.2)
+    assert bench.inner_steps_error({"predicted_steps_s": [1.0, 1.0], "recorded_steps_s": [1.0, 1.0, 1.0]}) is None
+    assert bench.inner_steps_error({"predicted_s": 1.0}) is None
+    rows = [{"variant": "prophet", "measured_s": 1.0, "predicted_s": 1.0, **row}]
+    assert bench.per_variant_errors(rows)["prophet"]["inner_steps_error"] == pytest.approx(0.0)

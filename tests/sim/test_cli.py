@@ -60,6 +60,7 @@ def test_profile_replay(capsys, tmp_path):
         out = json.loads(capsys.readouterr().out)
         assert out["measure"] == {"timed_steps": steps, "warmup": 2}
         assert out["results"]["fifo"]["iter_ms"] == pytest.approx(compute_ms, rel=0.05)
+        assert len(out["results"]["fifo"]["steps_ms"]) == steps
 
 
 @pytest.mark.parametrize("args, env, culprit", [

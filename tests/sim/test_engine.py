@@ -132,6 +132,10 @@ def test_a_synchronised_run_times_the_recorded_iterations_from_its_first_timed_s
         start, end = result.window
         assert end - start == pytest.approx(compute + steps * sync, rel=1e-9)
         assert result.iter_s == pytest.approx((compute + steps * sync) / steps, rel=1e-9)
+    # each step as the benches' profiles count it: backward start to backward start (the next step's
+    # 1 ms forward in it), the last to the end of its sync; the first forward before the first
+    assert result.timed_steps_s == pytest.approx([11e-3 + sync, 31e-3 + sync, 10e-3 + sync], rel=1e-9)
+    assert end - start - sum(result.timed_steps_s) == pytest.approx(1e-3, rel=1e-9)
 
 
 def test_a_synchronised_window_pays_the_forward_the_steady_state_overlaps():
