@@ -49,6 +49,10 @@ def register(subparsers) -> None:
                         "third of --iterations, at most 10)")
     p.add_argument("--jitter", type=float, default=0.0,
                    help="per-worker compute jitter per iteration, as a fraction (0.05 = 5%%; default 0)")
+    p.add_argument("--skew", type=float, metavar="SECONDS",
+                   help="simulate every worker of a parameter server on its own, each with its own scheduler, "
+                        "worker w starting w x SECONDS after worker 0 (workers out of step share the servers' "
+                        "links unlike one representative worker; default: one representative worker)")
     p.add_argument("--slow-worker", type=float, default=1.0, metavar="FACTOR",
                    help="one worker computes FACTOR times slower (default 1: none)")
     p.add_argument("--bandwidth-at", action="append", default=[], metavar="TIME=RATE",
@@ -163,8 +167,11 @@ def run(args) -> int:
         latency=parse_latency(args.latency, "--latency") / 1e6,
         bandwidth_steps=_steps(args.bandwidth_at, _bytes_per_s, "bandwidth-at"),
         compute_steps=_steps(args.compute_at, _factor, "compute-at"),
-        engine=engine, jitter=args.jitter, slow_worker=args.slow_worker,
+        engine=engine, jitter=args.jitter, slow_worker=args.slow_worker, skew=args.skew,
     )
+    if args.skew is not None and ({"ddp", "horovod"} & set(schedulers)):
+        raise UserError("--skew simulates FIFO, ByteScheduler and Prophet on every worker; valid: "
+                        "--scheduler without ddp and horovod, or no --skew")
     model, layers = _load_model(args)
     progress = None
     if not args.json and sys.stderr.isatty():

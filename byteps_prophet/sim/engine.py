@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 import math
 import random
 from dataclasses import dataclass, field
@@ -25,10 +26,12 @@ from byteps_prophet.core import EngineTraits, Settings, Task, make_scheduler
 from byteps_prophet.core.link import LinkMonitor
 from byteps_prophet.core.task import Fused
 from byteps_prophet.errors import UserError
-from byteps_prophet.sim.network import ARCHITECTURES, Conditions, ParameterServerNetwork, RingAllReduceNetwork
+from byteps_prophet.sim.network import (ARCHITECTURES, Conditions, ParameterServerNetwork, RingAllReduceNetwork,
+                                       SharedServerNetwork)
 
 DEFAULT_OVERHEAD = 50e-6  # per message per link: the "0.05 ms per message" of the simple model
 SYNCHRONISED = -1  # ``Simulation._waiting_for``: every parameter (a synchronised run's first timed step)
+MAX_SIMULATED_WORKERS = 64  # workers simulated one by one (``ClusterSpec.skew``); the representative scales
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ class ClusterSpec:
     jitter: float = 0.0
     slow_worker: float = 1.0
     seed: int = 0
+    # Every worker simulated on its own (a parameter server), worker w starting w x skew seconds after
+    # worker 0 (``simulate_every_worker``); None: one representative worker.
+    skew: float | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -84,6 +90,15 @@ class ClusterSpec:
             raise UserError(f"servers={self.servers} is invalid; valid: an integer >= 1")
         if self.bandwidth <= 0:
             raise UserError(f"bandwidth={self.bandwidth} is invalid; valid: a positive rate")
+        if self.skew is not None:
+            if not math.isfinite(self.skew):
+                raise UserError(f"skew={self.skew} is invalid; valid: seconds")
+            if self.arch != "ps":
+                raise UserError(f"skew={self.skew}: every worker is simulated on its own only on a parameter "
+                                f"server; valid: architecture 'ps', or no skew")
+            if self.workers > MAX_SIMULATED_WORKERS:
+                raise UserError(f"skew={self.skew} with workers={self.workers}: every worker simulated on its own "
+                                f"takes at most {MAX_SIMULATED_WORKERS}; valid: fewer workers, or no skew")
 
     @property
     def traits(self) -> EngineTraits:
@@ -115,6 +130,7 @@ class SimResult:
     cycle: int = 1  # the recorded iterations the compute goes through in turn (``Layer.recorded``)
     window: tuple[float, float] | None = None  # synchronised: the timed steps' start and end
     backward_starts: list[float] = field(default_factory=list)  # per iteration, when its backward began
+    others: list["SimResult"] = field(default_factory=list)  # every worker simulated on its own: 1, 2, ...
 
     @property
     def iteration_times(self) -> list[float]:
@@ -173,7 +189,10 @@ class EventLoop:
 class Simulation:
     def __init__(self, layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings,
                  iterations: int = 30, warmup: int = 10, trace_iteration: int | None = None,
-                 synchronised: bool = False) -> None:
+                 synchronised: bool = False, *, loop: EventLoop | None = None, port=None,
+                 worker: int | None = None) -> None:
+        """``loop``, ``port`` and ``worker``: one of every worker simulated on its own
+        (``simulate_every_worker``), on a shared loop and a ``SharedServerNetwork``'s port."""
         if not layers:
             raise UserError("the model has no parameter tensors")
         self.layers = list(layers)
@@ -188,13 +207,16 @@ class Simulation:
         self._compute_offset = self.warmup if synchronised else 0
         self._window_start: float | None = None
         self._last_synced = 0.0
-        self.loop = EventLoop()
+        self.loop = loop or EventLoop()
         self.conditions = Conditions(cluster.bandwidth, cluster.bandwidth_steps, cluster.compute_steps)
-        traits = cluster.traits
-        if settings.atom_elements and traits.atom_elements:  # the plugin's atoms (BYTEPS_PROPHET_ATOM_ELEMENTS)
-            traits = traits.replace(atom_elements=settings.atom_elements)
-        network = ParameterServerNetwork if traits.is_parameter_server else RingAllReduceNetwork
-        self.network = network(cluster.workers, traits, self.conditions, cluster.latency, self.loop.at, self.loop.now)
+        traits = engine_traits(cluster, settings)
+        if port is not None:
+            self.network = port
+        else:
+            network = ParameterServerNetwork if traits.is_parameter_server else RingAllReduceNetwork
+            self.network = network(cluster.workers, traits, self.conditions, cluster.latency, self.loop.at,
+                                   self.loop.now)
+        self.worker = worker
         if settings.scheduler == "prophet":  # as the plugins: only Prophet's cuts go out as atoms
             self.network.use_atoms(traits.atom_elements)
         # A real engine's scheduler measures its link as the plugins do (start-up latency apart).
@@ -212,7 +234,7 @@ class Simulation:
         self._waiting_for: int | None = None
         self._iteration_starts: list[float] = []
         self._backward_starts: list[float] = []
-        self._rng = random.Random(cluster.seed)
+        self._rng = random.Random(cluster.seed if worker is None else cluster.seed * 1_000_003 + worker)
         self._pace = 1.0  # the slowest worker's compute factor this iteration
 
     # -- compute ---------------------------------------------------------------------------------------
@@ -228,8 +250,12 @@ class Simulation:
         return seconds * factor
 
     def _slowest_pace(self) -> float:
-        """The compute factor of the slowest worker in one iteration (1 without stragglers)."""
+        """The compute factor of the slowest worker in one iteration (1 without stragglers); simulated
+        on its own, this worker's (the slow worker is the last)."""
         cluster = self.cluster
+        if self.worker is not None:
+            slow = cluster.slow_worker if self.worker == cluster.workers - 1 else 1.0
+            return slow * (max(0.1, 1 + cluster.jitter * self._rng.gauss(0.0, 1.0)) if cluster.jitter else 1.0)
         if not cluster.jitter:
             return cluster.slow_worker
         draws = (max(0.1, 1 + cluster.jitter * self._rng.gauss(0.0, 1.0)) for _ in range(cluster.workers))
@@ -331,8 +357,14 @@ class Simulation:
 
     # -- run ---------------------------------------------------------------------------------------------
     def run(self) -> SimResult:
-        self.loop.at(0.0, self._forward, 0)
+        self.start()
         self.loop.run()
+        return self.result()
+
+    def start(self, at: float = 0.0) -> None:
+        self.loop.at(at, self._forward, 0)
+
+    def result(self) -> SimResult:
         if len(self._iteration_starts) <= self.iterations:
             raise RuntimeError(
                 f"simulation stalled in iteration {len(self._iteration_starts)} under {self.scheduler.name}"
@@ -341,6 +373,104 @@ class Simulation:
         window = (self._window_start, self._last_synced) if self.synchronised else None
         return SimResult(self._iteration_starts, self.warmup, self._sent, self._trace, self.loop.time, self._messages,
                          cycle, window, self._backward_starts)
+
+
+def engine_traits(cluster: ClusterSpec, settings: Settings) -> EngineTraits:
+    """The cluster's engine, with the plugin's atoms where the settings give them
+    (``BYTEPS_PROPHET_ATOM_ELEMENTS``)."""
+    traits = cluster.traits
+    if settings.atom_elements and traits.atom_elements:
+        traits = traits.replace(atom_elements=settings.atom_elements)
+    return traits
+
+
+def simulate(layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings, iterations: int = 30,
+             warmup: int = 10, trace_iteration: int | None = None, synchronised: bool = False) -> SimResult:
+    """One representative worker (``Simulation``), or every worker on its own where the cluster has a
+    ``skew``."""
+    if cluster.skew is None:
+        return Simulation(layers, cluster, settings, iterations, warmup, trace_iteration, synchronised).run()
+    return simulate_every_worker(layers, cluster, settings, iterations, warmup, trace_iteration, synchronised)
+
+
+def simulate_every_worker(layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings, iterations: int = 30,
+                          warmup: int = 10, trace_iteration: int | None = None,
+                          synchronised: bool = False) -> SimResult:
+    """Every worker of a parameter server on its own, each with its own compute (the same layers),
+    worker w starting ``w x cluster.skew`` after worker 0 (the earliest at 0), sharing the servers'
+    links (``SharedServerNetwork``): workers out of step share them unlike one representative (the
+    early worker's pulls overlap the late worker's pushes). Worker 0 runs the scheduler; as in the
+    plugins (``backends/sync.py``) the others follow it, issuing its slices in its order, each once
+    their own gradient is ready (``Follower``); FIFO's workers, which share no order in the MXNet
+    stores, each run their own. Worker 0's result, the worker the benchmarks report."""
+    loop = EventLoop()
+    traits = engine_traits(cluster, settings)
+    network = SharedServerNetwork(cluster.workers, traits,
+                                  Conditions(cluster.bandwidth, cluster.bandwidth_steps, cluster.compute_steps),
+                                  cluster.latency, loop.at, loop.now)
+    workers = [Simulation(layers, cluster, settings, iterations, warmup, trace_iteration if w == 0 else None,
+                          synchronised, loop=loop, port=network.port(w), worker=w) for w in range(cluster.workers)]
+    if settings.scheduler != "fifo":  # the plugins' followers issue the leader's slices in its order
+        followers = []
+        for simulation in workers[1:]:
+            simulation.scheduler = Follower(simulation.network, simulation._on_synced)
+            followers.append(simulation.scheduler)
+        network.port(0).on_send = lambda piece: [follower.announce(piece) for follower in followers]
+    offsets = [w * cluster.skew for w in range(cluster.workers)]
+    for simulation, offset in zip(workers, offsets):
+        simulation.start(offset - min(offsets))
+    loop.run()
+    first, *others = [simulation.result() for simulation in workers]
+    first.others = others
+    return first
+
+
+class Follower:
+    """A follower worker of the plugins' Synchroniser (``backends/sync.py``), in the simulator: it
+    issues the leader's slices (``announce``) strictly in the leader's order, each once its own copy
+    of that gradient is ready, and reports a gradient synchronised once all its rows are. It takes
+    a scheduler's place in its ``Simulation``."""
+
+    name = "follower"
+
+    def __init__(self, transport, on_done: Callable) -> None:
+        self.transport, self.on_done = transport, on_done
+        self.on_wakeup = None
+        self._announced: deque = deque()  # (iteration, index, row_start, row_end) in the leader's order
+        self._ready: dict[tuple[int, int], Task] = {}
+        self._rows_left: dict[tuple[int, int], int] = {}
+
+    def announce(self, piece: Task) -> None:
+        self._announced.append((piece.iteration, piece.index, piece.row_start, piece.row_end))
+        self._issue()
+
+    def post(self, task: Task) -> None:
+        key = (task.iteration, task.index)
+        self._ready[key] = task
+        self._rows_left[key] = task.rows
+        self._issue()
+
+    def _issue(self) -> None:
+        while self._announced:
+            iteration, index, row_start, row_end = self._announced[0]
+            task = self._ready.get((iteration, index))
+            if task is None:
+                return  # this worker's gradient is not ready yet: the leader's order waits for it
+            self._announced.popleft()
+            self.transport.send(task.slice(row_start, row_end))
+
+    def finished(self, piece: Task) -> None:
+        key = (piece.iteration, piece.index)
+        self._rows_left[key] -= piece.rows
+        if self._rows_left[key] == 0:
+            del self._rows_left[key]
+            self.on_done(self._ready.pop(key))
+
+    def end_of_backward(self, iteration: int) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass
 
 
 def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:

@@ -205,3 +205,191 @@ class RingAllReduceNetwork(_Network):
     def comm_time(self, nbytes: int, bandwidth: float) -> float:
         n = self.workers
         return 2 * (n - 1) / n * nbytes / bandwidth if n > 1 else 0.0
+
+
+class SharedServerNetwork:
+    """Every worker of a parameter-server cluster, each with its own port (``port(w)``, what its
+    scheduler sends on), sharing the servers' links: for workers out of step, where one
+    representative worker cannot say whose bytes meet on a server link (``ParameterServerNetwork``
+    assumes every worker sends the same bytes at the same time).
+
+    Each worker's connection carries its messages in order (pushes, and the pull requests behind
+    them where pulls follow pushes), the one at its head a flow on the servers' ingress. With
+    ``backpressure`` a request waits there until the servers have every push before it; without, it
+    leaves once the worker's own link (at a worker link's rate) is through with them. The
+    servers answer a pull once every worker has pushed those rows in that iteration, and each
+    worker's answers come back in order, the head one a flow on their egress. A server link's
+    direction is shared by its flows (processor sharing, as TCP shares a link between connections):
+    each moves at min(1, servers / flows) of a worker link's rate, at ``duplex_efficiency`` of that
+    while the other direction carries a flow too. A message's work on each link is the engine's
+    ``message_cost_s`` plus its bytes at the rate in force when it is sent (over ``comm_slowdown``
+    while its worker computes)."""
+
+    def __init__(self, workers: int, traits: EngineTraits, conditions: Conditions, latency: float,
+                 schedule, now) -> None:
+        if not traits.is_parameter_server:
+            raise ValueError("a shared server network is a parameter server's")
+        self.traits, self.conditions, self.latency = traits, conditions, latency
+        self._schedule, self._now = schedule, now
+        self.capacity = float(traits.servers or workers)  # worker links' worth of rate per direction
+        self.ports = [_Port(self, w) for w in range(workers)]
+        # per worker, messages in order as [kind, task, work left]: into the servers, out of them
+        self._in = [[] for _ in range(workers)]
+        self._out = [[] for _ in range(workers)]
+        self._link_free = [0.0] * workers  # without back-pressure: when the worker's own link is through
+        self._pushed: dict[tuple[int, int], list[list[tuple[int, int]]]] = {}  # (iteration, index) -> per worker rows
+        self._waiting: dict[tuple[int, int], list[tuple[int, object]]] = {}  # pulls not yet answerable
+        self._updated = 0.0
+        self._generation = 0
+
+    def port(self, worker: int) -> "_Port":
+        return self.ports[worker]
+
+    # -- messages ------------------------------------------------------------------------------------
+    def _work(self, port: "_Port", nbytes: int, messages: int) -> float:
+        rate = self.conditions.bandwidth(self._now())
+        if port.computing():
+            rate /= self.traits.comm_slowdown
+        return self.traits.message_cost_s * messages + nbytes / rate
+
+    def _push(self, item) -> None:
+        port, task = item
+        self._advance()
+        work = self._work(port, task.nbytes, port.messages(task))
+        self._in[port.worker].append(["push", task, work])
+        self._link_free[port.worker] = max(self._now(), self._link_free[port.worker]) + work
+        self._reschedule()
+
+    def _pushed_rows(self, worker: int, task) -> None:
+        per_worker = self._pushed.setdefault((task.iteration, task.index), [[] for _ in self.ports])
+        per_worker[worker].append((task.row_start, task.row_end))
+        for waiting in list(self._waiting.get((task.iteration, task.index), ())):
+            self._answer_if_pushed(*waiting)
+
+    def _covered(self, worker: int, task) -> bool:
+        rows = sorted(self._pushed.get((task.iteration, task.index), [[]] * len(self.ports))[worker])
+        reach = task.row_start
+        for start, end in rows:
+            if start > reach:
+                break
+            reach = max(reach, end)
+        return reach >= task.row_end
+
+    def _request(self, worker: int, task) -> None:
+        """Worker ``worker`` asks for ``task``'s rows: answered once every worker has pushed them."""
+        key = (task.iteration, task.index)
+        self._waiting.setdefault(key, []).append((worker, task))
+        self._answer_if_pushed(worker, task)
+
+    def _answer_if_pushed(self, worker: int, task) -> None:
+        if not all(self._covered(w, task) for w in range(len(self.ports))):
+            return
+        key = (task.iteration, task.index)
+        self._waiting[key].remove((worker, task))
+        if not self._waiting[key]:
+            del self._waiting[key]
+        port = self.ports[worker]
+        self._out[worker].append(["pull", task, self._work(port, task.nbytes, port.messages(task))])
+
+    # -- the fluid links -----------------------------------------------------------------------------
+    def _rates(self) -> tuple[float, float]:
+        """Each flow's share of a worker link's rate on the ingress and on the egress."""
+        up = sum(1 for q in self._in if q)
+        down = sum(1 for q in self._out if q)
+        e = self.traits.duplex_efficiency
+        up_rate = min(1.0, self.capacity / up) * (e if down else 1.0) if up else 0.0
+        down_rate = min(1.0, self.capacity / down) * (e if up else 1.0) if down else 0.0
+        return up_rate, down_rate
+
+    def _groups(self):
+        return zip((self._in, self._out), self._rates())
+
+    def _advance(self) -> None:
+        now = self._now()
+        elapsed = now - self._updated
+        self._updated = now
+        if elapsed <= 0:
+            return
+        for queues, rate in self._groups():
+            for q in queues:
+                if q:
+                    q[0][2] -= elapsed * rate
+
+    def _reschedule(self) -> None:
+        """Finish what is done, then wake at the next head's completion."""
+        while True:
+            done = [(w, q) for queues in (self._in, self._out) for w, q in enumerate(queues)
+                    if q and q[0][2] <= 1e-12]
+            if not done:
+                break
+            for w, q in done:
+                self._complete(w, q.pop(0))
+        soonest = math.inf
+        for queues, rate in self._groups():
+            for q in queues:
+                if q and rate > 0:
+                    soonest = min(soonest, q[0][2] / rate)
+        self._generation += 1
+        if soonest < math.inf:
+            self._schedule(self._now() + soonest, self._wake, self._generation)
+
+    def _wake(self, generation: int) -> None:
+        if generation != self._generation:
+            return  # superseded: the flows changed since
+        self._advance()
+        self._reschedule()
+
+    def _complete(self, worker: int, item: list) -> None:
+        kind, task, _ = item
+        if kind == "push":
+            self._pushed_rows(worker, task)
+            cost = self.traits.message_cost_s
+            if not self.traits.pulls_follow_pushes or self.traits.pull_in_reply:
+                self._request(worker, task)
+            elif self.traits.backpressure:  # behind every push queued on the connection by now
+                self._in[worker].append(["request", task, cost])
+            else:  # once the worker's own link is through with what was sent before
+                self._link_free[worker] = leaves = max(self._now(), self._link_free[worker]) + cost
+                self._schedule(leaves + self.latency, self._requested, (worker, task))
+        elif kind == "request":
+            self._request(worker, task)
+        else:
+            self._schedule(self._now() + self.latency, self.ports[worker].finished, task)
+
+    def _requested(self, item) -> None:
+        self._advance()
+        self._request(*item)
+        self._reschedule()
+
+
+class _Port:
+    """One worker's view of a ``SharedServerNetwork``: what its scheduler sends on and its simulation
+    reads (``in_flight``, ``computing``, ``on_finished``), as a ``ParameterServerNetwork``."""
+
+    def __init__(self, network: SharedServerNetwork, worker: int) -> None:
+        self.network, self.worker = network, worker
+        self.traits = network.traits
+        self.on_finished: Callable = lambda task: None
+        self.computing: Callable[[], bool] = lambda: False
+        self.in_flight = 0
+        self._atom_elements = 0
+        self.on_send: Callable = lambda task: None  # the leader's announcement of what it sends
+
+    def use_atoms(self, elements: int) -> None:
+        self._atom_elements = elements
+
+    def messages(self, task) -> int:
+        atom = self._atom_elements
+        if not atom:
+            return 1
+        return max(1, math.ceil(getattr(task, "numel", task.nbytes // 4) / atom))
+
+    def send(self, task) -> None:
+        self.in_flight += 1
+        self.on_send(task)
+        network = self.network
+        network._schedule(network._now() + self.traits.startup_latency_s, network._push, (self, task))
+
+    def finished(self, task) -> None:
+        self.in_flight -= 1
+        self.on_finished(task)

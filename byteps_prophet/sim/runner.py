@@ -20,7 +20,7 @@ from byteps_prophet.core import Settings
 from byteps_prophet.core.trace import TraceLog
 from byteps_prophet.errors import UserError
 from byteps_prophet.sim.baselines import BASELINE_VARIANTS, best_bucket, simulate_baseline
-from byteps_prophet.sim.engine import ClusterSpec, Layer, SimResult, Simulation, lower_bound_s
+from byteps_prophet.sim.engine import ClusterSpec, Layer, SimResult, lower_bound_s, simulate
 
 SCHEDULER_CHOICES = ("fifo", "bytescheduler", "prophet")
 # Each choice reports its variants: the default-credit ByteScheduler beside the best credit, and the
@@ -77,8 +77,8 @@ def compare(layers: Sequence[Layer], cluster: ClusterSpec, schedulers: Iterable[
                             sum(layer.fwd_s + layer.bwd_s for layer in layers))
 
     def run(settings: Settings, trace: bool = True) -> SimResult:
-        return Simulation(layers, cluster, settings, iterations, warmup,
-                          trace_iteration if trace else None, synchronised).run()
+        return simulate(layers, cluster, settings, iterations, warmup, trace_iteration if trace else None,
+                        synchronised)
 
     for choice in schedulers:
         for name in VARIANTS[choice]:
