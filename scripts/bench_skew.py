@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Workers out of step: does the simulator, every worker simulated on its own and started the
+recorded skew apart (``simulate --skew``), predict BytePS-MXNet's steps where the one
+representative worker cannot?
+
+BytePS-MXNet's rounds fall into two states (docs/ENGINE.md, "The current replay"): workers within
+0.25 s of each other (2.9-3.3 s a step) or 0.3-0.5 s apart (2.1-2.6 s). The skew is a condition of
+the run, as its compute is: this benchmark takes it from both workers' traces and gives it to the
+simulator.
+
+    scripts/bench_skew.py --import DIR --commit C --command "byteps-prophet ab ... --record DIR"
+        # keep the profiles and per-step skews of an ``ab --record`` folder (both workers' traces)
+    scripts/bench_skew.py        # replay what docs/replay/skew/ holds; docs/replay/skew/results.json
+
+For each kept round: the recorded timed steps but the last (which ends at the final sync), their
+mean against the simulator's, one representative worker and every worker on its own with the
+round's median skew (the other worker's first staged gradient less the leader's, per timed step).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "replay" / "skew"
+ENGINE = "docs/replay/engine_byteps.json"
+BANDWIDTH = "198733623bit"  # the BytePS engine's calibrated share of 200 Mbit/s (bench_replay.py)
+ENV = {"BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000", "BYTEPS_PROPHET_FUSE": "0"}  # the plugin's atoms, unfused
+WARMUP = 3
+
+
+def first_ready(trace_file: Path) -> dict[int, float]:
+    """Per iteration, when the worker staged its first gradient (seconds, the machine's clock)."""
+    firsts: dict[int, float] = {}
+    for event in json.loads(trace_file.read_text())["traceEvents"]:
+        if event.get("ph") != "M" and event.get("cat") == "ready":
+            iteration = event["args"]["iteration"]
+            firsts[iteration] = min(firsts.get(iteration, float("inf")), event["ts"] / 1e6)
+    return firsts
+
+
+def step_skews(leader: Path, other: Path, steps: int) -> list[float]:
+    """The other worker's first staged gradient less the leader's, in each of the last ``steps``
+    iterations (the timed ones), nearest iterations paired."""
+    mine, theirs = first_ready(leader), sorted(first_ready(other).values())
+    timed = [mine[i] for i in sorted(mine)][-steps:]
+    return [round(min(theirs, key=lambda t: abs(t - start)) - start, 4) for start in timed]
+
+
+def import_folder(folder: Path, commit: str, command: str) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    index_file = OUT / "skews.json"
+    index = json.loads(index_file.read_text()) if index_file.is_file() else {"rounds": []}
+    for profile in sorted(folder.glob("*_r*.profile.json")):
+        base = profile.name[: -len(".profile.json")]
+        others = sorted(folder.glob(f"{base}.trace.rank*.json"))
+        if not (folder / f"{base}.trace.json").is_file() or not others:
+            print(f"bench_skew: {base}: skipped, both workers' traces are needed", file=sys.stderr)
+            continue
+        steps = len(json.loads(profile.read_text())["iterations"])
+        skews = step_skews(folder / f"{base}.trace.json", others[0], steps)
+        kept = f"{commit}_{folder.name}_{base}.profile.json"
+        shutil.copyfile(profile, OUT / kept)
+        index["rounds"].append({"profile": kept, "variant": base.split("_r")[0], "skews_s": skews,
+                                "skew_s": statistics.median(skews), "commit": commit, "command": command})
+    index_file.write_text(json.dumps(index, indent=1) + "\n")
+
+
+def simulate(profile: str, variant: str, steps: int, skew: float | None) -> tuple[list[float], str]:
+    argv = ["simulate", "--profile", profile, "--workers", "2", "--arch", "ps", "--servers", "1",
+            "--bandwidth", BANDWIDTH, "--engine", ENGINE, "--scheduler", variant, "--steps", str(steps),
+            "--warmup", str(WARMUP), "--json"] + (["--skew", str(skew)] if skew is not None else [])
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet", *argv], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **ENV}, timeout=600, check=True)
+    steps_ms = json.loads(proc.stdout)["results"][variant]["steps_ms"]
+    command = " ".join(f"{k}={v}" for k, v in ENV.items()) + " byteps-prophet " + " ".join(argv)
+    return [t / 1e3 for t in steps_ms], command
+
+
+def inner(steps: list[float]) -> float:
+    return statistics.mean(steps[:-1])
+
+
+def replay() -> dict:
+    index = json.loads((OUT / "skews.json").read_text())
+    rows = []
+    for r in index["rounds"]:
+        profile = os.path.relpath(OUT / r["profile"], ROOT)
+        recorded = [it["iteration_s"] for it in json.loads((ROOT / profile).read_text())["iterations"]]
+        one, _ = simulate(profile, r["variant"], len(recorded), None)
+        every, command = simulate(profile, r["variant"], len(recorded), r["skew_s"])
+        measured = inner(recorded)
+        rows.append({"profile": r["profile"], "variant": r["variant"], "skew_s": r["skew_s"],
+                     "measured_s": round(measured, 4), "representative_s": round(inner(one), 4),
+                     "representative_error": round(inner(one) / measured - 1, 4),
+                     "every_worker_s": round(inner(every), 4), "every_worker_error": round(inner(every) / measured - 1, 4),
+                     "command": command})
+    return {"commit": git_commit(), "rows": rows}
+
+
+def git_commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return proc.stdout.strip() or "unknown"
+
+
+def table(results: dict) -> str:
+    lines = ["| round | variant | skew (s) | recorded s/step | one representative | every worker, skewed |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in results["rows"]:
+        lines.append(f"| {r['profile'].split('.profile')[0]} | {r['variant']} | {r['skew_s']:+.2f} | {r['measured_s']:.3f} | "
+                     f"{r['representative_s']:.3f} ({r['representative_error']:+.1%}) | "
+                     f"{r['every_worker_s']:.3f} ({r['every_worker_error']:+.1%}) |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--import", dest="folder", metavar="DIR", help="keep the rounds of an `ab --record` folder")
+    p.add_argument("--commit", help="with --import: the commit the rounds were recorded at")
+    p.add_argument("--command", help="with --import: the command that recorded them")
+    p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
+    args = p.parse_args(argv)
+    if args.folder:
+        folder = Path(args.folder)
+        if not folder.is_dir() or not args.commit or not args.command:
+            print(f"bench_skew: --import {args.folder!r} needs an existing folder, --commit and --command",
+                  file=sys.stderr)
+            return 2
+        import_folder(folder, args.commit, args.command)
+        return 0
+    if not (OUT / "skews.json").is_file():
+        print(f"bench_skew: {OUT / 'skews.json'} is missing; valid: --import DIR first", file=sys.stderr)
+        return 2
+    results = replay()
+    (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps(results, indent=1) if args.json else table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
