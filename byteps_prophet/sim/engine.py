@@ -401,8 +401,10 @@ def simulate_every_worker(layers: Sequence[Layer], cluster: ClusterSpec, setting
     links (``SharedServerNetwork``): workers out of step share them unlike one representative (the
     early worker's pulls overlap the late worker's pushes). Worker 0 runs the scheduler; as in the
     plugins (``backends/sync.py``) the others follow it, issuing its slices in its order, each once
-    their own gradient is ready (``Follower``); FIFO's workers, which share no order in the MXNet
-    stores, each run their own. Worker 0's result, the worker the benchmarks report."""
+    their own gradient is ready (``Follower``); FIFO's workers each run their own, as in the MXNet
+    stores (the torch plugin orders FIFO too: the same order where the compute is the same, but a
+    worker ahead of worker 0 would wait for it). Worker 0's result, the worker the benchmarks
+    report."""
     loop = EventLoop()
     traits = engine_traits(cluster, settings)
     network = SharedServerNetwork(cluster.workers, traits,
