@@ -28,6 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--tune-probes", default="6,3", help="random,guided tuning probes")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--no-netns", action="store_true", help="plain loopback (no shaping)")
+    p.add_argument("--tcp-congestion", default=None, metavar="ALGO",
+                   help="TCP congestion control of the cluster's hosts, e.g. cubic, bbr (default: this machine's; "
+                        "the one used is in the output either way)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", default=None, metavar="PNG")
     p.add_argument("--variants", default=",".join(("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")),
@@ -67,7 +70,7 @@ def run(args) -> int:
                    bandwidth_schedule=[s.strip() for s in args.bandwidth_schedule.split(",") if s.strip()],
                    tune=not args.no_tune and "bytescheduler_tuned" in variants, tune_probe_steps=args.tune_steps, tune_probes=args.tune_probes,
                    timeout=args.timeout, netns=False if args.no_netns else None, record=args.record,
-                   variants=variants, bucket_sweep=args.bucket_sweep)
+                   variants=variants, bucket_sweep=args.bucket_sweep, tcp_congestion=args.tcp_congestion)
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency

@@ -77,6 +77,7 @@ class ABConfig:
     variants: tuple[str, ...] = VARIANTS
     record: str | None = None  # directory: each run's profile and rank-0 trace (<variant>_r<round>.*.json)
     bucket_sweep: str = BUCKET_SWEEP_MB  # ddp_tuned: DDP's bucket_cap_mb values tried, MB
+    tcp_congestion: str | None = None  # the cluster hosts' TCP congestion control; None: this machine's
 
     def validate(self) -> None:
         if self.framework not in BACKENDS:
@@ -208,7 +209,7 @@ class ABRunner:
         engine = {"gloo": "mxnet", "kvstore": "mxnet", "byteps": "byteps"}[cfg.backend]
         compose = GLOO_COMPOSE if cfg.backend == "gloo" else None
         spec = ClusterSpec(workers=cfg.workers, servers=1, bandwidth=cfg.bandwidth, engine=engine,
-                           compose=compose, netns=cfg.netns, grace=1.0)
+                           compose=compose, netns=cfg.netns, grace=1.0, tcp_congestion=cfg.tcp_congestion)
         return Cluster(spec, output=False, warn=self._warn)
 
     def _warn(self, message: str) -> None:
@@ -286,6 +287,7 @@ class ABRunner:
             os.makedirs(cfg.record, exist_ok=True)
         with self._cluster() as cluster:
             self.netns = bool(cluster.use_netns)
+            self.tcp_congestion = cluster.tcp_congestion()
             if not cluster.use_netns:
                 self._warn("network namespaces unavailable: plain loopback processes, bandwidth NOT applied")
             if cfg.tune:
@@ -316,7 +318,8 @@ class ABRunner:
 
     def summary(self) -> dict:
         return summarize(self.cfg, self.runs, netns=getattr(self, "netns", None), environment=self.environment,
-                         tuning=self.tuning, warnings=self.warnings, ddp_tuning=getattr(self, "ddp_tuning", None))
+                         tuning=self.tuning, warnings=self.warnings, ddp_tuning=getattr(self, "ddp_tuning", None),
+                         tcp_congestion=getattr(self, "tcp_congestion", None))
 
 
 def network_summary(before: dict, after: dict) -> dict:
@@ -347,7 +350,7 @@ PAIRS = (("prophet", "fifo"), ("prophet", "bytescheduler"), ("prophet", "bytesch
 
 
 def summarize(cfg: ABConfig, runs: list[dict], *, netns: bool | None, environment: dict, tuning: dict | None,
-              warnings: list[str], ddp_tuning: dict | None = None) -> dict:
+              warnings: list[str], ddp_tuning: dict | None = None, tcp_congestion: str | None = None) -> dict:
     """The A/B's JSON object: per variant its median samples/s and spread, per pair of variants the
     median of their per-round ratios with its interval (stats.py), and the limit."""
     results = {}
@@ -362,7 +365,7 @@ def summarize(cfg: ABConfig, runs: list[dict], *, netns: bool | None, environmen
             speedups[f"{a}/{b}"] = speedup(ratios, results[a]["samples_per_s"] / results[b]["samples_per_s"])
     config = asdict(cfg)
     config["variants"] = list(config["variants"])
-    out = {"config": config, "environment": environment, "netns": netns,
+    out = {"config": config, "environment": environment, "netns": netns, "tcp_congestion_control": tcp_congestion,
            "results": results, "speedups": speedups, "limit": limit(cfg, runs, results, netns),
            "tuning": tuning, "warnings": warnings, "runs": runs}
     if ddp_tuning is not None:
@@ -438,8 +441,12 @@ def pool(paths: list[str]) -> dict:
     cfg.rounds = offset
     netns = all(summary.get("netns") for _, summary, _, _ in loaded)
     warnings = list(dict.fromkeys(w for _, summary, _, _ in loaded for w in summary.get("warnings", [])))
+    used = {summary.get("tcp_congestion_control") for _, summary, _, _ in loaded}
+    if len(used) > 1:
+        raise UserError(f"--pool: the outputs ran under different TCP congestion controls "
+                        f"({', '.join(sorted(u or 'unknown' for u in used))}); valid: outputs of one")
     out = summarize(cfg, runs, netns=netns, environment=first.get("environment", {}), tuning=None,
-                    warnings=warnings)
+                    warnings=warnings, tcp_congestion=used.pop())
     out["pooled_from"] = sources  # each output's tuned credit is its own
     return out
 
@@ -467,7 +474,8 @@ def format_table(summary: dict) -> str:
     cfg = summary["config"]
     head = (f"A/B {cfg['framework']}/{cfg['backend']} {cfg['model']} x{cfg['workers']} workers, batch {cfg['batch']}, "
             f"{cfg['bandwidth']}" + (f" -> {' -> '.join(cfg['bandwidth_schedule'])}" if cfg["bandwidth_schedule"] else "")
-            + f", {cfg['steps']} steps x {cfg['rounds']} rounds" + ("" if summary.get("netns") else " (LOOPBACK, unshaped)"))
+            + f", {cfg['steps']} steps x {cfg['rounds']} rounds" + ("" if summary.get("netns") else " (LOOPBACK, unshaped)")
+            + (f", TCP {summary['tcp_congestion_control']}" if summary.get("tcp_congestion_control") else ""))
     lines = [head]
     if summary.get("pooled_from"):
         lines.append("pooled: " + ", ".join(f"{src['path']} ({src['rounds']} rounds of {src['steps']} steps)"

@@ -32,6 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the engine profile as JSON instead of the table")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="stop the probe after SEC seconds")
     p.add_argument("--no-netns", action="store_true", help="plain loopback (no shaping)")
+    p.add_argument("--tcp-congestion", default=None, metavar="ALGO",
+                   help="TCP congestion control of the cluster's hosts, e.g. cubic, bbr (default: this machine's; "
+                        "the one used is recorded in the profile's measured.setup)")
     p.add_argument("--refit", default=None, metavar="FILE",
                    help="no cluster: fit the traits again from the raw timings an engine profile keeps "
                         "(measured.raw), with this version's rules; written to --out (default: FILE itself)")
@@ -77,14 +80,15 @@ def parse_probe(lines: list[str]) -> dict | None:
 
 
 def measure(backend: str, *, workers: int, servers: int, bandwidth: str, nominal: float | None,
-            timeout: float, netns: bool | None, log=None) -> tuple[dict, dict]:
+            timeout: float, netns: bool | None, log=None, tcp_congestion: str | None = None) -> tuple[dict, dict]:
     """Run the probe on a fresh cluster; ``(raw probe output, setup)``. Torn down on any failure."""
     from byteps_prophet.ab.runner import GLOO_COMPOSE
     from byteps_prophet.cluster import Cluster, ClusterSpec
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     spec = ClusterSpec(workers=workers, servers=servers, bandwidth=bandwidth, engine=CLUSTER_ENGINE[backend],
-                       compose=GLOO_COMPOSE if backend == "gloo" else None, netns=netns, grace=1.0)
+                       compose=GLOO_COMPOSE if backend == "gloo" else None, netns=netns, grace=1.0,
+                       tcp_congestion=tcp_congestion)
 
     def sink(role: str, line: str) -> None:
         if role == "worker-0" and line.startswith("#calib"):
@@ -93,6 +97,7 @@ def measure(backend: str, *, workers: int, servers: int, bandwidth: str, nominal
     started = time.monotonic()
     with Cluster(spec, output=sink, warn=log) as cluster:
         shaped = bool(cluster.use_netns) and nominal is not None
+        tcp = cluster.tcp_congestion()
         log(f"calibrate: cluster up ({workers} workers, {cluster.num_servers} servers, "
             f"{bandwidth if shaped else 'unshaped loopback'}); probing {backend}")
         env = {"BYTEPS_PROPHET_TIMEOUT": str(int(min(timeout, 600)))}
@@ -104,7 +109,7 @@ def measure(backend: str, *, workers: int, servers: int, bandwidth: str, nominal
         raise UserError(f"calibration failed: {role}: {result.reason}; last output: {tail[-300:]}")
     setup = {"backend": backend, "workers": workers, "servers": servers if backend != "gloo" else 0,
              "bandwidth": bandwidth if shaped else "none", "netns": bool(shaped),
-             "nominal_bytes_per_s": nominal if shaped else None,
+             "nominal_bytes_per_s": nominal if shaped else None, "tcp_congestion_control": tcp,
              "wall_s": round(time.monotonic() - started, 2)}
     return raw, setup
 
@@ -149,7 +154,8 @@ def run(args) -> int:
         raise UserError(f"--backend is required; valid: {', '.join(BACKENDS)} (or --refit FILE)")
     backend, nominal = _check(args)
     raw, setup = measure(backend, workers=args.workers, servers=args.servers, bandwidth=args.bandwidth,
-                         nominal=nominal, timeout=args.timeout, netns=False if args.no_netns else None)
+                         nominal=nominal, timeout=args.timeout, netns=False if args.no_netns else None,
+                         tcp_congestion=args.tcp_congestion)
     traits, derived = traits_from(raw, nominal_bytes_per_s=setup["nominal_bytes_per_s"])
     measured = {"setup": setup, "derived": derived, "raw": raw}
     save_engine(args.out, traits, measured)

@@ -30,6 +30,9 @@ def register(subparsers) -> None:
                      help="one-way host-to-host delay: 1ms, 500us, 0 (needs netem; default: LINK_LATENCY)")
     run.add_argument("--engine", metavar="ENGINE",
                      help="parameter server: byteps or mxnet (default: ENGINE of the compose file, else byteps)")
+    run.add_argument("--tcp-congestion", metavar="ALGO",
+                     help="TCP congestion control of every host, e.g. cubic, bbr (namespaces; default: this "
+                          "machine's, as containers get it)")
     run.add_argument("--compose", metavar="FILE", help="cluster definition (default: docker/docker-compose.yml)")
     run.add_argument("--timeout", type=float, metavar="SEC", help="stop everything after SEC seconds (exit 124)")
     run.add_argument("--no-netns", action="store_true",
@@ -63,7 +66,7 @@ def _spec(args):
         raise ConfigError(f"--timeout {args.timeout:g} must be a positive number of seconds")
     return ClusterSpec(workers=args.workers, servers=args.servers, bandwidth=args.bandwidth,
                        latency=args.latency, engine=args.engine, compose=args.compose,
-                       netns=False if args.no_netns else None)
+                       netns=False if args.no_netns else None, tcp_congestion=args.tcp_congestion)
 
 
 def run_command(args) -> int:

@@ -73,6 +73,9 @@ class ClusterSpec:
     engine: str | None = None           # byteps or mxnet (compose: ENGINE, else byteps)
     compose: str | os.PathLike | None = None  # compose file (default docker/docker-compose.yml)
     netns: bool | None = None           # False: plain loopback; True or None: namespaces, or a one-line error
+    # TCP congestion control of every host (namespaces only), e.g. cubic, bbr; None: the host's, as
+    # containers on a machine get it. It decides how workers out of step share a link (docs/CLUSTER.md).
+    tcp_congestion: str | None = None
     # False: workers only, no scheduler or servers (torch.distributed, e.g. gloo); each worker gets
     # RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (worker-0) and MASTER_PORT (the cluster's port).
     parameter_server: bool = True
@@ -410,6 +413,7 @@ class Cluster:
             raise UserError(f"cannot build a namespace cluster: {reason}; pass --no-netns to run on plain "
                             f"loopback without link shaping (bandwidth and latency NOT applied)")
         self.use_netns = reason is None and self.spec.netns is not False
+        self._check_tcp_congestion()
         self._isolate_roles = (hasattr(os, "geteuid") and os.geteuid() == 0
                                and shutil.which("unshare") is not None)
         self._spawner = _Spawner()
@@ -428,6 +432,25 @@ class Cluster:
             self.close()
             raise
         return self
+
+    def tcp_congestion(self) -> str:
+        """The TCP congestion control the hosts' connections use (the first host's namespace, or this
+        machine's on plain loopback): a condition of every timing the cluster gives."""
+        if self.use_netns and self.hosts[0].netns:
+            return nets.tcp_congestion(self.hosts[0].netns)
+        return nets.tcp_congestion(None)
+
+    def _check_tcp_congestion(self) -> None:
+        wanted = self.spec.tcp_congestion
+        if wanted is None:
+            return
+        if not self.use_netns:
+            raise UserError(f"--tcp-congestion {wanted}: only the namespace cluster can set it (its hosts' "
+                            f"namespaces); valid: no --tcp-congestion with --no-netns")
+        available = nets.available_tcp_congestion()
+        if wanted not in available:
+            raise UserError(f"--tcp-congestion {wanted!r} is not available in this kernel; valid: "
+                            f"{', '.join(available)}")
 
     def _check_engine_installed(self) -> None:
         if not self.spec.parameter_server:
@@ -465,6 +488,8 @@ class Cluster:
         for host in self.hosts:
             nets.ip_batch(["link set lo up", f"addr add {host.address}/{nets.SUBNET.prefixlen} dev {nets.HOST_DEV}",
                            f"link set {nets.HOST_DEV} up"], ns=host.netns)
+            if self.spec.tcp_congestion:
+                nets.set_tcp_congestion(host.netns, self.spec.tcp_congestion)
         if any(h.latency_us > 0 for h in self.hosts) and not nets.netem_available(self.switch):
             worst = max(self.hosts, key=lambda h: h.latency_us)
             raise UserError(f"latency {format_latency(worst.latency_us)} needs the netem qdisc, which this "

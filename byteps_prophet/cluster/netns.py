@@ -129,6 +129,29 @@ def unavailable_reason() -> str | None:
     return None
 
 
+TCP_CONGESTION = "/proc/sys/net/ipv4/tcp_congestion_control"
+TCP_CONGESTION_AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+
+
+def available_tcp_congestion() -> list[str]:
+    """The TCP congestion controls this kernel has loaded (what a namespace may be given)."""
+    with open(TCP_CONGESTION_AVAILABLE) as f:
+        return f.read().split()
+
+
+def tcp_congestion(ns: str | None) -> str:
+    """The TCP congestion control new connections in ``ns`` use (None: this process's namespace). A
+    new namespace starts with the host's, which is the kernel's default or the one set on the host."""
+    if ns is None:
+        with open(TCP_CONGESTION) as f:
+            return f.read().strip()
+    return _run(["ip", "netns", "exec", ns, "cat", TCP_CONGESTION]).stdout.strip()
+
+
+def set_tcp_congestion(ns: str, algorithm: str) -> None:
+    _run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.tcp_congestion_control={algorithm}"])
+
+
 def list_namespaces() -> list[str]:
     proc = _run(["ip", "netns", "list"], check=False)
     return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]

@@ -54,6 +54,9 @@ def test_the_sweep_runs_first_and_the_tuned_runs_get_its_bucket():
     class FakeCluster:
         use_netns = True
 
+        def tcp_congestion(self):
+            return "cubic"
+
         def __enter__(self):
             return self
 

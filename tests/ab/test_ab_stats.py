@@ -52,11 +52,12 @@ def test_the_interval_holds_the_true_median_as_often_as_it_says(n, seed):
     assert hits / trials >= promised / trials - 0.05
 
 
-def _output(path, rows, **config):
+def _output(path, rows, tcp="bbr", **config):
     cfg = ABConfig(framework="mxnet", backend="byteps", model="resnet", batch=128, rounds=len(rows), **config)
     runs = [dict(variant=v, round=r, samples_per_s=s, param_bytes=40_000_000)
             for r, row in enumerate(rows) for v, s in row.items()]
-    summary = summarize(cfg, runs, netns=True, environment={"OMP_NUM_THREADS": "1"}, tuning=None, warnings=[])
+    summary = summarize(cfg, runs, netns=True, environment={"OMP_NUM_THREADS": "1"}, tuning=None, warnings=[],
+                        tcp_congestion=tcp)
     path.write_text(json.dumps(summary))
     return str(path)
 
@@ -94,6 +95,18 @@ def test_pooling_refuses_outputs_run_with_other_knobs(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match="b.json: its environment"):
         pool([a, str(tmp_path / "b.json")])
+
+
+def test_pooling_refuses_outputs_run_under_other_tcp_congestion_controls(tmp_path):
+    """The TCP congestion control the cluster's hosts used is part of every A/B (BytePS-MXNet's FIFO
+    ran 2.2 s a step under CUBIC and 3.2 s under BBR): the table says which, and outputs under two
+    do not pool."""
+    a = _output(tmp_path / "a.json", [{"fifo": 100, "prophet": 90}])
+    assert "TCP bbr" in format_table(json.loads((tmp_path / "a.json").read_text()))
+    b = _output(tmp_path / "b.json", [{"fifo": 100, "prophet": 90}], tcp="cubic")
+    with pytest.raises(UserError, match=r"different TCP congestion controls \(bbr, cubic\)"):
+        pool([a, b])
+    assert pool([a, _output(tmp_path / "c.json", [{"fifo": 101, "prophet": 91}])])["tcp_congestion_control"] == "bbr"
 
 
 def test_cli_pool_prints_the_table_and_exit_2_on_a_bad_file(tmp_path):

@@ -211,6 +211,21 @@ def test_mxnet_cluster_on_plain_loopback(leftovers):
     _exact_sum("mxnet", leftovers, netns_mode=False)
 
 
+def test_every_host_gets_the_tcp_congestion_control_asked_for(leftovers):
+    """The hosts' namespaces start with this machine's TCP congestion control (BBR here, which
+    changed BytePS-MXNet's steps by a third against CUBIC: docs/ENGINE.md); --tcp-congestion sets
+    another on every host, and the cluster reports the one its hosts use."""
+    machine = netns.tcp_congestion(None)
+    other = next(a for a in netns.available_tcp_congestion() if a != machine)
+    for wanted, expected in ((None, machine), (other, other)):
+        with Cluster(ClusterSpec(workers=2, servers=1, engine="mxnet", tcp_congestion=wanted), output=False) as cluster:
+            assert cluster.tcp_congestion() == expected
+            result = cluster.run(["cat", netns.TCP_CONGESTION], timeout=60)
+        assert result.ok, result.reason
+        assert all(result.output[w] == [expected] for w in ("worker-0", "worker-1")), result.output
+    assert netns.tcp_congestion(None) == machine  # the machine's own is left alone
+
+
 @pytest.mark.skipif(not _byteps_importable(), reason="byteps is not importable (scripts/build_byteps.sh)")
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
 def test_byteps_cluster_push_pull_gives_the_exact_sum(leftovers, framework):
