@@ -11,6 +11,7 @@ simulator.
     scripts/bench_skew.py --import DIR --commit C --command "byteps-prophet ab ... --record DIR"
         # keep the profiles and per-step skews of an ``ab --record`` folder (both workers' traces)
     scripts/bench_skew.py        # replay what docs/replay/skew/ holds; docs/replay/skew/results.json
+    scripts/bench_skew.py --set skew-cubic   # another set of rounds: docs/replay/skew-cubic/
 
 For each kept round: the recorded timed steps but the last (which ends at the final sync), their
 mean against the simulator's, one representative worker and every worker on its own with the
@@ -28,7 +29,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs" / "replay" / "skew"
+REPLAY = ROOT / "docs" / "replay"  # each set of rounds a folder of it (``--set``, default skew)
 ENGINE = "docs/replay/engine_byteps.json"
 BANDWIDTH = "198733623bit"  # the BytePS engine's calibrated share of 200 Mbit/s (bench_replay.py)
 ENV = {"BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000", "BYTEPS_PROPHET_FUSE": "0"}  # the plugin's atoms, unfused
@@ -53,9 +54,9 @@ def step_skews(leader: Path, other: Path, steps: int) -> list[float]:
     return [round(min(theirs, key=lambda t: abs(t - start)) - start, 4) for start in timed]
 
 
-def import_folder(folder: Path, commit: str, command: str) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    index_file = OUT / "skews.json"
+def import_folder(folder: Path, out: Path, commit: str, command: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    index_file = out / "skews.json"
     index = json.loads(index_file.read_text()) if index_file.is_file() else {"rounds": []}
     for profile in sorted(folder.glob("*_r*.profile.json")):
         base = profile.name[: -len(".profile.json")]
@@ -66,7 +67,7 @@ def import_folder(folder: Path, commit: str, command: str) -> None:
         steps = len(json.loads(profile.read_text())["iterations"])
         skews = step_skews(folder / f"{base}.trace.json", others[0], steps)
         kept = f"{commit}_{folder.name}_{base}.profile.json"
-        shutil.copyfile(profile, OUT / kept)
+        shutil.copyfile(profile, out / kept)
         index["rounds"].append({"profile": kept, "variant": base.split("_r")[0], "skews_s": skews,
                                 "skew_s": statistics.median(skews), "commit": commit, "command": command})
     index_file.write_text(json.dumps(index, indent=1) + "\n")
@@ -87,11 +88,11 @@ def inner(steps: list[float]) -> float:
     return statistics.mean(steps[:-1])
 
 
-def replay() -> dict:
-    index = json.loads((OUT / "skews.json").read_text())
+def replay(out: Path) -> dict:
+    index = json.loads((out / "skews.json").read_text())
     rows = []
     for r in index["rounds"]:
-        profile = os.path.relpath(OUT / r["profile"], ROOT)
+        profile = os.path.relpath(out / r["profile"], ROOT)
         recorded = [it["iteration_s"] for it in json.loads((ROOT / profile).read_text())["iterations"]]
         one, _ = simulate(profile, r["variant"], len(recorded), None)
         every, command = simulate(profile, r["variant"], len(recorded), r["skew_s"])
@@ -124,21 +125,27 @@ def main(argv=None) -> int:
     p.add_argument("--import", dest="folder", metavar="DIR", help="keep the rounds of an `ab --record` folder")
     p.add_argument("--commit", help="with --import: the commit the rounds were recorded at")
     p.add_argument("--command", help="with --import: the command that recorded them")
+    p.add_argument("--set", default="skew", metavar="NAME",
+                   help="the set of rounds, docs/replay/NAME/ (default skew: BytePS-MXNet under this machine's BBR)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
     args = p.parse_args(argv)
+    if not args.set or "/" in args.set or args.set.startswith("."):
+        print(f"bench_skew: --set {args.set!r} is invalid; valid: a folder name under docs/replay/", file=sys.stderr)
+        return 2
+    out = REPLAY / args.set
     if args.folder:
         folder = Path(args.folder)
         if not folder.is_dir() or not args.commit or not args.command:
             print(f"bench_skew: --import {args.folder!r} needs an existing folder, --commit and --command",
                   file=sys.stderr)
             return 2
-        import_folder(folder, args.commit, args.command)
+        import_folder(folder, out, args.commit, args.command)
         return 0
-    if not (OUT / "skews.json").is_file():
-        print(f"bench_skew: {OUT / 'skews.json'} is missing; valid: --import DIR first", file=sys.stderr)
+    if not (out / "skews.json").is_file():
+        print(f"bench_skew: {out / 'skews.json'} is missing; valid: --import DIR first", file=sys.stderr)
         return 2
-    results = replay()
-    (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    results = replay(out)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0
 
