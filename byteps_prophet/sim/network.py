@@ -230,7 +230,7 @@ class SharedServerNetwork:
         if not traits.is_parameter_server:
             raise ValueError("a shared server network is a parameter server's")
         self.traits, self.conditions, self.latency = traits, conditions, latency
-        self._schedule, self._now = schedule, now
+        self.schedule, self.now = schedule, now
         self.capacity = float(traits.servers or workers)  # worker links' worth of rate per direction
         self.ports = [_Port(self, w) for w in range(workers)]
         # per worker, messages in order as [kind, task, work left]: into the servers, out of them
@@ -246,18 +246,22 @@ class SharedServerNetwork:
         return self.ports[worker]
 
     # -- messages ------------------------------------------------------------------------------------
-    def _work(self, port: "_Port", nbytes: int, messages: int) -> float:
-        rate = self.conditions.bandwidth(self._now())
-        if port.computing():
-            rate /= self.traits.comm_slowdown
-        return self.traits.message_cost_s * messages + nbytes / rate
+    def send(self, port: "_Port", task) -> None:
+        """``port``'s worker sends ``task``: it reaches the link the engine's start-up latency later."""
+        self.schedule(self.now() + self.traits.startup_latency_s, self._push, (port, task))
+
+    def _work(self, port: "_Port", task) -> float:
+        """Seconds at a worker link's full rate ``task`` takes on a link: per message, the engine's
+        cost, and its bytes at the port's rate now (``_Network.rate``: over ``comm_slowdown`` while the
+        worker computes)."""
+        return self.traits.message_cost_s * port._messages(task) + task.nbytes / port.rate(self.now())
 
     def _push(self, item) -> None:
         port, task = item
         self._advance()
-        work = self._work(port, task.nbytes, port.messages(task))
+        work = self._work(port, task)
         self._in[port.worker].append(["push", task, work])
-        self._link_free[port.worker] = max(self._now(), self._link_free[port.worker]) + work
+        self._link_free[port.worker] = max(self.now(), self._link_free[port.worker]) + work
         self._reschedule()
 
     def _pushed_rows(self, worker: int, task) -> None:
@@ -288,8 +292,7 @@ class SharedServerNetwork:
         self._waiting[key].remove((worker, task))
         if not self._waiting[key]:
             del self._waiting[key]
-        port = self.ports[worker]
-        self._out[worker].append(["pull", task, self._work(port, task.nbytes, port.messages(task))])
+        self._out[worker].append(["pull", task, self._work(self.ports[worker], task)])
 
     # -- the fluid links -----------------------------------------------------------------------------
     def _rates(self) -> tuple[float, float]:
@@ -305,7 +308,7 @@ class SharedServerNetwork:
         return zip((self._in, self._out), self._rates())
 
     def _advance(self) -> None:
-        now = self._now()
+        now = self.now()
         elapsed = now - self._updated
         self._updated = now
         if elapsed <= 0:
@@ -331,7 +334,7 @@ class SharedServerNetwork:
                     soonest = min(soonest, q[0][2] / rate)
         self._generation += 1
         if soonest < math.inf:
-            self._schedule(self._now() + soonest, self._wake, self._generation)
+            self.schedule(self.now() + soonest, self._wake, self._generation)
 
     def _wake(self, generation: int) -> None:
         if generation != self._generation:
@@ -349,12 +352,12 @@ class SharedServerNetwork:
             elif self.traits.backpressure:  # behind every push queued on the connection by now
                 self._in[worker].append(["request", task, cost])
             else:  # once the worker's own link is through with what was sent before
-                self._link_free[worker] = leaves = max(self._now(), self._link_free[worker]) + cost
-                self._schedule(leaves + self.latency, self._requested, (worker, task))
+                self._link_free[worker] = leaves = max(self.now(), self._link_free[worker]) + cost
+                self.schedule(leaves + self.latency, self._requested, (worker, task))
         elif kind == "request":
             self._request(worker, task)
         else:
-            self._schedule(self._now() + self.latency, self.ports[worker].finished, task)
+            self.schedule(self.now() + self.latency, self.ports[worker]._finished, task)
 
     def _requested(self, item) -> None:
         self._advance()
@@ -362,34 +365,16 @@ class SharedServerNetwork:
         self._reschedule()
 
 
-class _Port:
+class _Port(_Network):
     """One worker's view of a ``SharedServerNetwork``: what its scheduler sends on and its simulation
-    reads (``in_flight``, ``computing``, ``on_finished``), as a ``ParameterServerNetwork``."""
+    reads (``in_flight``, ``computing``, ``on_finished``, atoms), as a ``ParameterServerNetwork``."""
 
     def __init__(self, network: SharedServerNetwork, worker: int) -> None:
+        super().__init__(network.traits, network.conditions, network.latency, network.schedule, network.now)
         self.network, self.worker = network, worker
-        self.traits = network.traits
-        self.on_finished: Callable = lambda task: None
-        self.computing: Callable[[], bool] = lambda: False
-        self.in_flight = 0
-        self._atom_elements = 0
         self.on_send: Callable = lambda task: None  # the leader's announcement of what it sends
-
-    def use_atoms(self, elements: int) -> None:
-        self._atom_elements = elements
-
-    def messages(self, task) -> int:
-        atom = self._atom_elements
-        if not atom:
-            return 1
-        return max(1, math.ceil(getattr(task, "numel", task.nbytes // 4) / atom))
 
     def send(self, task) -> None:
         self.in_flight += 1
         self.on_send(task)
-        network = self.network
-        network._schedule(network._now() + self.traits.startup_latency_s, network._push, (self, task))
-
-    def finished(self, task) -> None:
-        self.in_flight -= 1
-        self.on_finished(task)
+        self.network.send(self, task)
