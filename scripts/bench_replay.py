@@ -118,12 +118,26 @@ def record(name: str, cfg: dict, rounds: int) -> None:
             data = json.loads(profile.read_text())
             kept.write_text(json.dumps(data, separators=(",", ":")) + "\n")
             runs.append({"variant": r["variant"], "round": r["round"], "samples_per_s": r["samples_per_s"],
-                         "step_s": per_step / r["samples_per_s"], "profile": kept.name})
+                         "step_s": per_step / r["samples_per_s"], "profile": kept.name,
+                         "skews_s": recorded_skews(profile, len(data["iterations"]))})
     (folder / "measured.json").write_text(json.dumps(
         {"command": "byteps-prophet " + " ".join(["ab", *cfg["ab"], "--workers", "2", "--rounds", str(rounds),
                                                   "--no-tune", "--variants", ",".join(VARIANTS), "--record", "DIR"]),
          "commit": commit, "config": c, "environment": summary.get("environment"),
-         "netns": summary.get("netns"), "runs": runs}, indent=1) + "\n")
+         "netns": summary.get("netns"), "tcp_congestion_control": summary.get("tcp_congestion_control"),
+         "runs": runs}, indent=1) + "\n")
+
+
+def recorded_skews(profile: Path, steps: int) -> list[float]:
+    """How far the other worker ran behind the leader in each timed step, from both workers' traces
+    beside the profile (``ab --record``; ``simulate --skew``, scripts/bench_skew.py); [] without them."""
+    from byteps_prophet.core.trace import step_skews
+
+    base = profile.name[: -len(".profile.json")]
+    leader, others = profile.with_name(f"{base}.trace.json"), sorted(profile.parent.glob(f"{base}.trace.rank*.json"))
+    if not leader.is_file() or not others:
+        return []
+    return step_skews(json.loads(leader.read_text()), json.loads(others[0].read_text()), steps)
 
 
 # -- 2. calibrate -----------------------------------------------------------------------------------------

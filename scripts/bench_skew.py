@@ -29,29 +29,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from byteps_prophet.core.trace import step_skews  # noqa: E402
 REPLAY = ROOT / "docs" / "replay"  # each set of rounds a folder of it (``--set``, default skew)
 ENGINE = "docs/replay/engine_byteps.json"
 BANDWIDTH = "198733623bit"  # the BytePS engine's calibrated share of 200 Mbit/s (bench_replay.py)
 ENV = {"BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000", "BYTEPS_PROPHET_FUSE": "0"}  # the plugin's atoms, unfused
 WARMUP = 3
-
-
-def first_ready(trace_file: Path) -> dict[int, float]:
-    """Per iteration, when the worker staged its first gradient (seconds, the machine's clock)."""
-    firsts: dict[int, float] = {}
-    for event in json.loads(trace_file.read_text())["traceEvents"]:
-        if event.get("ph") != "M" and event.get("cat") == "ready":
-            iteration = event["args"]["iteration"]
-            firsts[iteration] = min(firsts.get(iteration, float("inf")), event["ts"] / 1e6)
-    return firsts
-
-
-def step_skews(leader: Path, other: Path, steps: int) -> list[float]:
-    """The other worker's first staged gradient less the leader's, in each of the last ``steps``
-    iterations (the timed ones), nearest iterations paired."""
-    mine, theirs = first_ready(leader), sorted(first_ready(other).values())
-    timed = [mine[i] for i in sorted(mine)][-steps:]
-    return [round(min(theirs, key=lambda t: abs(t - start)) - start, 4) for start in timed]
 
 
 def import_folder(folder: Path, out: Path, commit: str, command: str) -> None:
@@ -65,7 +49,8 @@ def import_folder(folder: Path, out: Path, commit: str, command: str) -> None:
             print(f"bench_skew: {base}: skipped, both workers' traces are needed", file=sys.stderr)
             continue
         steps = len(json.loads(profile.read_text())["iterations"])
-        skews = step_skews(folder / f"{base}.trace.json", others[0], steps)
+        skews = step_skews(json.loads((folder / f"{base}.trace.json").read_text()),
+                           json.loads(others[0].read_text()), steps)
         kept = f"{commit}_{folder.name}_{base}.profile.json"
         shutil.copyfile(profile, out / kept)
         index["rounds"].append({"profile": kept, "variant": base.split("_r")[0], "skews_s": skews,

@@ -13,6 +13,8 @@ carries its fields; ``metadata`` holds what the run was (scheduler, backend, wor
 """
 from __future__ import annotations
 
+import math
+
 import json
 import os
 import threading
@@ -134,6 +136,25 @@ def load(path: str) -> dict:
 def events(doc: dict, cat: str) -> Iterator[dict]:
     """The events of one kind (``cat``), in time order."""
     return (e for e in doc["traceEvents"] if e.get("cat") == cat)
+
+
+def first_ready(doc: dict) -> dict[int, float]:
+    """Per iteration, when the worker posted its first gradient (seconds, the clock that stamped it)."""
+    firsts: dict[int, float] = {}
+    for event in events(doc, "ready"):
+        iteration = event["args"]["iteration"]
+        firsts[iteration] = min(firsts.get(iteration, math.inf), event["ts"] / 1e6)
+    return firsts
+
+
+def step_skews(leader: dict, other: dict, steps: int) -> list[float]:
+    """How far another worker ran behind the leader (negative: ahead) in each of the leader's last
+    ``steps`` iterations (the timed ones): its first posted gradient less the leader's, the nearest
+    of its iterations paired (two workers' traces on one machine share its monotonic clock)."""
+    theirs = sorted(first_ready(other).values())
+    mine = first_ready(leader)
+    timed = [mine[i] for i in sorted(mine)][-steps:]
+    return [round(min(theirs, key=lambda t: abs(t - start)) - start, 4) for start in timed] if theirs else []
 
 
 def seconds(ts_us: float | None) -> float | None:

@@ -123,3 +123,20 @@ def test_the_steps_but_the_window_edges_compare_step_by_step(bench):
     assert bench.inner_steps_error({"predicted_s": 1.0}) is None
     rows = [{"variant": "prophet", "measured_s": 1.0, "predicted_s": 1.0, **row}]
     assert bench.per_variant_errors(rows)["prophet"]["inner_steps_error"] == pytest.approx(0.0)
+
+
+def test_a_recording_keeps_each_steps_skew_when_both_workers_traced(bench, tmp_path):
+    """``ab --record`` writes both workers' traces beside the profile: the recording keeps how far the
+    other worker ran behind in each timed step (``simulate --skew``), and nothing without them."""
+    from byteps_prophet.core.trace import TraceLog
+
+    profile = tmp_path / "fifo_r0.profile.json"
+    profile.write_text("{}")
+    assert bench.recorded_skews(profile, 2) == []
+    leader, other = TraceLog(0, "worker 0"), TraceLog(1, "worker 1")
+    for it, start in enumerate((0.0, 3.0, 6.0)):
+        leader.instant("ready", "g", start, iteration=it)
+        other.instant("ready", "g", start + 0.4, iteration=it)
+    (tmp_path / "fifo_r0.trace.json").write_text(json.dumps(leader.document()))
+    (tmp_path / "fifo_r0.trace.rank1.json").write_text(json.dumps(other.document()))
+    assert bench.recorded_skews(profile, 2) == [0.4, 0.4]

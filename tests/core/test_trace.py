@@ -52,3 +52,18 @@ def test_a_file_that_is_not_a_trace_is_one_line(tmp_path, content):
 def test_an_empty_log_is_still_a_trace(tmp_path):
     doc = json.loads(open(TraceLog(0, "rank 0").save(str(tmp_path / "e.json"))).read())
     assert [e["name"] for e in doc["traceEvents"]] == ["process_name"] and doc["metadata"] == {}
+
+
+def test_step_skews_pair_each_timed_step_with_the_other_workers_nearest():
+    """Per timed step of the leader (its last ``steps`` iterations), the other worker's first posted
+    gradient less the leader's: how far out of step two workers ran (``simulate --skew``)."""
+    from byteps_prophet.core.trace import first_ready, step_skews
+
+    leader, other = TraceLog(0, "rank 0"), TraceLog(1, "rank 1")
+    for it, (lead, late) in enumerate([(0.0, 0.9), (2.0, 2.3), (4.0, 4.45), (6.0, 5.8)]):
+        for k, t in enumerate((lead, lead + 0.1)):  # the second gradient of a step never counts
+            leader.instant("ready", f"g{k}", t, iteration=it)
+        other.instant("ready", "g0", late, iteration=it + 7)  # its own numbering: paired by time
+    assert first_ready(leader.document()) == {0: 0.0, 1: 2.0, 2: 4.0, 3: 6.0}
+    assert step_skews(leader.document(), other.document(), steps=3) == [0.3, 0.45, -0.2]
+    assert step_skews(leader.document(), TraceLog(2, "rank 2").document(), steps=3) == []
