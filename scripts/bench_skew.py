@@ -24,17 +24,17 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
+import bench_replay  # noqa: E402  (the replay's configuration, link and runner: one of each)
 from byteps_prophet.core.trace import step_skews  # noqa: E402
+
 REPLAY = ROOT / "docs" / "replay"  # each set of rounds a folder of it (``--set``, default skew)
-ENGINE = "docs/replay/engine_byteps.json"
-BANDWIDTH = "198733623bit"  # the BytePS engine's calibrated share of 200 Mbit/s (bench_replay.py)
-ENV = {"BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000", "BYTEPS_PROPHET_FUSE": "0"}  # the plugin's atoms, unfused
+CONFIG = bench_replay.CONFIGS["mxnet_byteps_transformer_200m"]
+ENV = {"BYTEPS_PROPHET_FUSE": "0", **CONFIG["env"]}  # the plugin's atoms, unfused
 WARMUP = 3
 
 
@@ -59,11 +59,11 @@ def import_folder(folder: Path, out: Path, commit: str, command: str) -> None:
 
 
 def simulate(profile: str, variant: str, steps: int, skew: float | None) -> tuple[list[float], str]:
+    engine = REPLAY / f"engine_{CONFIG['engine']}.json"
     argv = ["simulate", "--profile", profile, "--workers", "2", "--arch", "ps", "--servers", "1",
-            "--bandwidth", BANDWIDTH, "--engine", ENGINE, "--scheduler", variant, "--steps", str(steps),
-            "--warmup", str(WARMUP), "--json"] + (["--skew", str(skew)] if skew is not None else [])
-    proc = subprocess.run([sys.executable, "-m", "byteps_prophet", *argv], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **ENV}, timeout=600, check=True)
+            *bench_replay.link_args(engine, CONFIG["bandwidth"], True, CONFIG["arch"]), "--scheduler", variant,
+            "--steps", str(steps), "--warmup", str(WARMUP), "--json"] + (["--skew", str(skew)] if skew is not None else [])
+    proc = bench_replay.run(bench_replay.cli(*argv), locked=False, timeout=600, env=ENV)
     steps_ms = json.loads(proc.stdout)["results"][variant]["steps_ms"]
     command = " ".join(f"{k}={v}" for k, v in ENV.items()) + " byteps-prophet " + " ".join(argv)
     return [t / 1e3 for t in steps_ms], command
@@ -87,12 +87,7 @@ def replay(out: Path) -> dict:
                      "representative_error": round(inner(one) / measured - 1, 4),
                      "every_worker_s": round(inner(every), 4), "every_worker_error": round(inner(every) / measured - 1, 4),
                      "command": command})
-    return {"commit": git_commit(), "rows": rows}
-
-
-def git_commit() -> str:
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return proc.stdout.strip() or "unknown"
+    return {"commit": bench_replay.git_commit(), "rows": rows}
 
 
 def table(results: dict) -> str:

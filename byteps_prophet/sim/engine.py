@@ -274,12 +274,17 @@ class Simulation:
                 return  # the start of the iteration after the last ends the measurement
             self._pace = self._slowest_pace()
         start = self.loop.time
-        end = start + self._compute_time(self.layers[i].times(self._iteration - self._compute_offset)[0])
+        end = start + self._compute_time(self._layer_times(i)[0])
         self._log_compute(f"fwd {i}", start, end)
         if i + 1 < len(self.layers):
             self.loop.at(end, self._forward, i + 1)
         else:
             self.loop.at(end, self._backward, len(self.layers) - 1)
+
+    def _layer_times(self, i: int) -> tuple[float, float]:
+        """Layer ``i``'s (forward, backward) seconds this iteration: a synchronised run's timed steps
+        replay the recorded iterations from the first."""
+        return self.layers[i].times(self._iteration - self._compute_offset)
 
     def _synchronised_start_waits(self) -> bool:
         """Whether the first timed step must wait for every parameter (a synchronised run); its start
@@ -296,7 +301,7 @@ class Simulation:
         start = self.loop.time
         if i == len(self.layers) - 1:
             self._backward_starts.append(start)
-        end = start + self._compute_time(self.layers[i].times(self._iteration - self._compute_offset)[1])
+        end = start + self._compute_time(self._layer_times(i)[1])
         self._log_compute(f"bwd {i}", start, end)
         self.loop.at(end, self._gradient_ready, i)
 
