@@ -11,7 +11,10 @@ For each real configuration of docs/AB.md and docs/MXNET.md (CONFIGS below):
 3. replay: ``byteps-prophet simulate --profile P --scheduler S --steps N --warmup W`` with the engine
    (``--engine E`` where the simulator has it, else the engine's rate, per-message cost and start-up
    latency given as ``--bandwidth/--overhead/--latency``), timed as the recording was (its warm-up,
-   then its timed steps from a synchronised start to a synchronised end), and compare.
+   then its timed steps from a synchronised start to a synchronised end), and compare. A parameter
+   server's round whose recording kept both workers' per-step skew (``skews_s``) is replayed with
+   every worker on its own, started the round's median skew apart (``--skew``); others with one
+   representative worker.
 
 Everything the replay needs is kept under docs/replay/ (profiles, engines, measured step times), so
 ``--replay-only`` re-runs step 3 without a cluster. Results: docs/replay/results.json and a table.
@@ -39,7 +42,13 @@ VARIANTS = ("fifo", "bytescheduler", "prophet")
 TARGET = 0.05  # relative error the issue asks for
 NOISE = 0.03  # measured differences below this are not counted against the order (one round's noise)
 
-# name -> the A/B (docs/AB.md, docs/MXNET.md), the engine that serves it, the simulator's architecture
+BYTEPS_MXNET = dict(
+    ab=["--framework", "mxnet", "--backend", "byteps", "--model", "transformer", "--width", "0.6", "--batch", "24",
+        "--bandwidth", "200mbit", "--steps", "6", "--warmup", "3"],
+    bandwidth="200mbit", arch="ps", env={"BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000"})
+
+# name -> the A/B (docs/AB.md, docs/MXNET.md), the engine that serves it, the simulator's architecture;
+# ``tcp``: the TCP congestion control its hosts record under (none: the machine's)
 CONFIGS = {
     "torch_byteps_vgg_200m": dict(
         ab=["--framework", "torch", "--backend", "byteps", "--model", "vgg", "--batch", "16",
@@ -66,18 +75,25 @@ CONFIGS = {
     # The BytePS-MXNet plugin sends Prophet's atoms as ByteScheduler's partition (1 M elements,
     # mxnet/byteps_backend.py; DESIGN.md "ByteScheduler's partition for Prophet's queue on BytePS"), where
     # the engine file, calibrated through byteps.torch, has torch's 250 k: the replay sets the plugin's.
+    # Recorded, and its engine calibrated, under CUBIC, the kernel's default: under this machine's BBR its
+    # workers keep in step in some rounds and pipeline apart in others, which the simulator's fair-sharing
+    # links do not decide (docs/ENGINE.md, "Workers out of step"); under CUBIC they drift apart as the
+    # simulated ones do, and each round is replayed with its recorded skew.
     "mxnet_byteps_transformer_200m": dict(
-        ab=["--framework", "mxnet", "--backend", "byteps", "--model", "transformer", "--width", "0.6",
-            "--batch", "24", "--bandwidth", "200mbit", "--steps", "6", "--warmup", "3"],
-        engine="byteps", bandwidth="200mbit", arch="ps", env={"BYTEPS_PROPHET_ATOM_ELEMENTS": "1000000"},
-        # Recorded under CUBIC, the kernel's default: under this machine's BBR its workers keep in step
-        # in some rounds and pipeline apart in others, which the simulator's fair-sharing links do not
-        # decide (docs/ENGINE.md "Workers out of step"); under CUBIC they drift apart as simulated.
-        tcp="cubic"),
+        **BYTEPS_MXNET, engine="byteps_cubic", tcp="cubic"),
+    # The same under BBR (this machine's default, under which every other configuration ran; recorded
+    # at 0e580ad without the workers' skews): the case the model misses, kept in view.
+    "mxnet_byteps_transformer_200m_bbr": dict(
+        **BYTEPS_MXNET, engine="byteps", tcp="bbr"),
 }
-# Where each engine is calibrated (the bandwidth of its first configuration); other bandwidths take the
-# same per-message cost and latency, and the calibrated share of the shaped rate.
-CALIBRATE_AT = {"byteps": "200mbit", "gloo": "1gbit", "kvstore": "300mbit"}
+# Each engine file (docs/replay/engine_<name>.json): the backend it calibrates, at the rate of its first
+# configuration (other rates take the same per-message cost and latency, and the calibrated share of the
+# shaped rate), under the TCP its configurations record under (none: the machine's, BBR here), the median
+# of ``repeat`` calibrations (``calibrate --repeat``; the engines before it are one calibration each).
+ENGINES = {"byteps": dict(backend="byteps", bandwidth="200mbit"),
+           "byteps_cubic": dict(backend="byteps", bandwidth="200mbit", tcp="cubic", repeat=5),
+           "gloo": dict(backend="gloo", bandwidth="1gbit"),
+           "kvstore": dict(backend="kvstore", bandwidth="300mbit")}
 
 
 def log(message: str) -> None:
@@ -151,8 +167,11 @@ def recorded_skews(profile: Path, steps: int) -> list[float]:
 def calibrate(engine: str) -> None:
     out = OUT / f"engine_{engine}.json"
     commit = git_commit()
-    run(cli("calibrate", "--backend", engine, "--workers", "2", "--servers", "1", "--bandwidth",
-            CALIBRATE_AT[engine], "--out", str(out)), locked=True, timeout=600)
+    spec = ENGINES[engine]
+    tcp = ["--tcp-congestion", spec["tcp"]] if spec.get("tcp") else []
+    repeat = spec.get("repeat", 1)
+    run(cli("calibrate", "--backend", spec["backend"], "--workers", "2", "--servers", "1", "--bandwidth",
+            spec["bandwidth"], *tcp, "--repeat", str(repeat), "--out", str(out)), locked=True, timeout=600 * repeat)
     doc = json.loads(out.read_text())
     doc.setdefault("measured", {})["commit"] = commit
     out.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
@@ -255,9 +274,10 @@ def _replay(names: list[str], iterations: int | None, overrides: dict | None, sc
         for r in measured["runs"]:
             profile = os.path.relpath(folder / r["profile"], ROOT)  # commands in the results run from the root
             recording = json.loads((ROOT / profile).read_text())
+            skew = recorded_skew(r, cfg["arch"])
             argv = cli("simulate", "--profile", profile, "--workers", "2", *arch, *link,
                        "--scheduler", r["variant"], *measure_args(iterations, measured["config"]),
-                       "--compute", compute, "--json")
+                       "--compute", compute, *(["--skew", f"{skew:.4f}"] if skew is not None else []), "--json")
             # Prophet's fusion as recorded (BYTEPS_PROPHET_FUSE, in the profile's meta since 33's fusion
             # work; recordings without it did not fuse): a replay of an unfused run must not fuse
             fuse = "1" if recording.get("meta", {}).get("fuse") else "0"
@@ -273,7 +293,7 @@ def _replay(names: list[str], iterations: int | None, overrides: dict | None, sc
                 recorded = [it["iteration_s"] for it in recording["iterations"]]
                 steps = {"recorded_steps_s": [round(t, 4) for t in recorded],
                          "predicted_steps_s": [round(t / 1e3, 4) for t in result["steps_ms"]]}
-            rows.append({"variant": r["variant"], "round": r["round"], "measured_s": round(r["step_s"], 4),
+            rows.append({"variant": r["variant"], "round": r["round"], "skew_s": skew, "measured_s": round(r["step_s"], 4),
                          "predicted_s": round(predicted, 4), "error": round(predicted / r["step_s"] - 1, 4), **steps,
                          "command": " ".join(f"{k}={v}" for k, v in env.items()) + " byteps-prophet "
                                     + " ".join(str(a) for a in argv[3:])})
@@ -282,6 +302,15 @@ def _replay(names: list[str], iterations: int | None, overrides: dict | None, sc
                                     "within_target": all(abs(v["error"]) <= TARGET for v in variants.values()),
                                     "every_round_within_target": all(abs(r["error"]) <= TARGET for r in rows)}
     return results
+
+
+def recorded_skew(run: dict, arch: str) -> float | None:
+    """The skew a parameter server's round is replayed with (``simulate --skew``: every worker on its
+    own, the other one starting this much later): the median over its timed steps of how far the
+    other worker ran behind, where the recording kept it (``skews_s``); else None, one representative
+    worker. Like the round's compute, the skew is a condition of the run the replay takes as given."""
+    skews = run.get("skews_s") or []
+    return round(statistics.median(skews), 4) if skews and arch == "ps" else None
 
 
 def _per_variant(rows: list[dict], key: str) -> dict:
@@ -349,15 +378,16 @@ def variant_table(results: dict) -> str:
 
 
 def table(results: dict) -> str:
-    lines = ["| configuration | variant (round) | measured s/step | predicted s/step | error | order (measured / predicted) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| configuration | variant (round) | skew (s) | measured s/step | predicted s/step | error | order (measured / predicted) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, res in results["configs"].items():
         order = (f"{' < '.join(res['measured_order'])} / {' < '.join(res['predicted_order'])}: "
                  f"{'agrees' if res['order_agrees'] else 'differs'}"
                  + ("" if res["order_agrees"] else f" ({'agrees' if res['order_agrees_beyond_noise'] else 'differs'} "
                                                    f"beyond {NOISE:.0%})"))
         for k, r in enumerate(res["rows"]):
-            lines.append(f"| {name if k == 0 else ''} | {r['variant']} ({r['round']}) | {r['measured_s']:.3f} | "
+            skew = "-" if r.get("skew_s") is None else f"{r['skew_s']:+.2f}"
+            lines.append(f"| {name if k == 0 else ''} | {r['variant']} ({r['round']}) | {skew} | {r['measured_s']:.3f} | "
                          f"{r['predicted_s']:.3f} | {r['error']:+.1%} | {order if k == 0 else ''} |")
     return "\n".join(lines)
 
@@ -421,7 +451,7 @@ def main(argv=None) -> int:
     results["overrides"] = overrides
     # a what-if (overrides) leaves docs/replay/results.json with the engine files' own replay
     what_if = overrides or args.compute != "recorded" or args.iterations
-    if not what_if and (not args.replay_only or args.configs == ",".join(CONFIGS)):
+    if not what_if and set(names) == set(CONFIGS):  # a subset's replay would drop the others' rows
         (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1) if args.json else table(results) + "\n\n" + variant_table(results))
     return 0

@@ -33,7 +33,9 @@ import bench_replay  # noqa: E402  (the replay's configuration, link and runner:
 from byteps_prophet.core.trace import step_skews  # noqa: E402
 
 REPLAY = ROOT / "docs" / "replay"  # each set of rounds a folder of it (``--set``, default skew)
-CONFIG = bench_replay.CONFIGS["mxnet_byteps_transformer_200m"]
+# BBR's configuration and engine for every set (the skew-cubic figures of docs/ENGINE.md too: "the
+# engine calibrated under BBR")
+CONFIG = bench_replay.CONFIGS["mxnet_byteps_transformer_200m_bbr"]
 ENV = {"BYTEPS_PROPHET_FUSE": "0", **CONFIG["env"]}  # the plugin's atoms, unfused
 WARMUP = 3
 

@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--tcp-congestion", default=None, metavar="ALGO",
                    help="TCP congestion control of the cluster's hosts, e.g. cubic, bbr (default: this machine's; "
                         "the one used is recorded in the profile's measured.setup)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="calibrate N times, each on a fresh cluster, and keep each trait's median (yes/no: "
+                        "what most read); the spread is printed and kept in measured.derived (default 1)")
     p.add_argument("--refit", default=None, metavar="FILE",
                    help="no cluster: fit the traits again from the raw timings an engine profile keeps "
                         "(measured.raw), with this version's rules; written to --out (default: FILE itself)")
@@ -51,6 +54,8 @@ def _check(args) -> tuple[str, float | None]:
         raise UserError(f"--workers {args.workers} is invalid; valid: an integer >= 2 (calibration needs communication)")
     if args.servers < 1:
         raise UserError(f"--servers {args.servers} is invalid; valid: an integer >= 1")
+    if args.repeat < 1:
+        raise UserError(f"--repeat {args.repeat} is invalid; valid: an integer >= 1")
     if not args.timeout > 0:
         raise UserError(f"--timeout {args.timeout:g} is invalid; valid: a positive number of seconds")
     bits = parse_bandwidth(args.bandwidth, "--bandwidth")
@@ -116,52 +121,75 @@ def measure(backend: str, *, workers: int, servers: int, bandwidth: str, nominal
 
 def refit(args) -> int:
     """``--refit FILE``: the traits again from the profile's own raw timings (no cluster)."""
-    from byteps_prophet.calibrate.fit import format_table, traits_from
-    from byteps_prophet.core.engine import ConfigError, engine_document, load_engine, save_engine
+    from byteps_prophet.core.engine import ConfigError, load_engine
 
     path = args.refit
     load_engine(path)  # one line on a missing or malformed file
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     measured = doc.get("measured") if isinstance(doc.get("measured"), dict) else {}
-    raw = measured.get("raw")
-    if not isinstance(raw, dict):
-        raise ConfigError(f"--refit {path!r}: the profile keeps no raw timings (measured.raw); valid: a "
-                          f"profile written by `byteps-prophet calibrate`")
-    if args.backend and args.backend.strip().lower() != raw.get("backend"):
-        raise UserError(f"--backend {args.backend!r} does not match the profile's {raw.get('backend')!r}; "
-                        f"valid: {raw.get('backend')!r} or no --backend")
+    raws = measured.get("raws") if "raws" in measured else [measured.get("raw")]
+    if not isinstance(raws, list) or not raws or not all(isinstance(raw, dict) for raw in raws):
+        raise ConfigError(f"--refit {path!r}: the profile keeps no raw timings (measured.raw or measured.raws); "
+                          f"valid: a profile written by `byteps-prophet calibrate`")
+    if args.backend and args.backend.strip().lower() != raws[0].get("backend"):
+        raise UserError(f"--backend {args.backend!r} does not match the profile's {raws[0].get('backend')!r}; "
+                        f"valid: {raws[0].get('backend')!r} or no --backend")
     nominal = (measured.get("setup") or {}).get("nominal_bytes_per_s")
-    traits, derived = traits_from(raw, nominal_bytes_per_s=nominal)
-    kept = {k: v for k, v in measured.items() if k not in ("derived", "raw")}
+    traits, derived = fit(raws, nominal)
+    kept = {k: v for k, v in measured.items() if k not in ("derived", "raw", "raws")}
     out = args.out or path
-    save_engine(out, traits, {**kept, "derived": derived, "raw": raw})
-    if args.json:
-        print(json.dumps(engine_document(traits, {**kept, "derived": derived, "raw": raw})))
-    else:
-        print(format_table(traits, derived, nominal))
-        print(f"engine profile: {out} (re-fitted from {path})")
+    return _write(out, traits, {**kept, "derived": derived, **_raw_record(raws)}, nominal,
+                  args.json, f"re-fitted from {path}")
+
+
+def fit(raws: list[dict], nominal: float | None):
+    """The traits of one calibration, or the median of several (``--repeat``)."""
+    from byteps_prophet.calibrate.fit import traits_from, traits_from_repeats
+
+    if len(raws) == 1:
+        return traits_from(raws[0], nominal_bytes_per_s=nominal)
+    return traits_from_repeats(raws, nominal_bytes_per_s=nominal)
+
+
+def _raw_record(raws: list[dict]) -> dict:
+    """The probe outputs as the profile keeps them: ``raw``, or ``raws`` for several."""
+    return {"raw": raws[0]} if len(raws) == 1 else {"raws": raws}
+
+
+def _write(out: str, traits, measured: dict, nominal: float | None, as_json: bool, how: str) -> int:
+    from byteps_prophet.calibrate.fit import format_table, repeat_spread
+    from byteps_prophet.core.engine import engine_document, save_engine
+
+    save_engine(out, traits, measured)
+    if as_json:
+        print(json.dumps(engine_document(traits, measured)))
+        return 0
+    print(format_table(traits, measured["derived"], nominal))
+    repeats = measured["derived"].get("repeats")
+    if repeats:
+        spread = repeat_spread(measured["derived"])
+        print(f"  the median of {len(repeats)} calibrations" + (f"; they read {', '.join(spread)}" if spread else ""))
+    print(f"engine profile: {out} ({how})")
     return 0
 
 
 def run(args) -> int:
-    from byteps_prophet.calibrate.fit import format_table, traits_from
-    from byteps_prophet.core.engine import engine_document, save_engine
-
     if args.refit:
         return refit(args)
     if not args.backend:
         raise UserError(f"--backend is required; valid: {', '.join(BACKENDS)} (or --refit FILE)")
     backend, nominal = _check(args)
-    raw, setup = measure(backend, workers=args.workers, servers=args.servers, bandwidth=args.bandwidth,
-                         nominal=nominal, timeout=args.timeout, netns=False if args.no_netns else None,
-                         tcp_congestion=args.tcp_congestion)
-    traits, derived = traits_from(raw, nominal_bytes_per_s=setup["nominal_bytes_per_s"])
-    measured = {"setup": setup, "derived": derived, "raw": raw}
-    save_engine(args.out, traits, measured)
-    if args.json:
-        print(json.dumps(engine_document(traits, measured)))
-    else:
-        print(format_table(traits, derived, setup["nominal_bytes_per_s"]))
-        print(f"engine profile: {args.out} (calibrated in {setup['wall_s']:.0f}s)")
-    return 0
+    raws, started = [], time.monotonic()
+    for n in range(args.repeat):
+        if args.repeat > 1:
+            print(f"calibrate: calibration {n + 1} of {args.repeat}", file=sys.stderr, flush=True)
+        raw, setup = measure(backend, workers=args.workers, servers=args.servers, bandwidth=args.bandwidth,
+                             nominal=nominal, timeout=args.timeout, netns=False if args.no_netns else None,
+                             tcp_congestion=args.tcp_congestion)
+        raws.append(raw)
+    setup = {**setup, "repeat": args.repeat, "wall_s": round(time.monotonic() - started, 2)}
+    traits, derived = fit(raws, setup["nominal_bytes_per_s"])
+    measured = {"setup": setup, "derived": derived, **_raw_record(raws)}
+    return _write(args.out, traits, measured, setup["nominal_bytes_per_s"], args.json,
+                  f"calibrated in {setup['wall_s']:.0f}s")

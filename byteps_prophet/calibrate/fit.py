@@ -334,6 +334,44 @@ def _slowdown(compute: Mapping[str, Any], alone_key: str, busy_key: str, derived
     return min(max(ratio, 1.0), 9.99)
 
 
+def traits_from_repeats(raws: Sequence[Mapping[str, Any]], *, nominal_bytes_per_s: float | None = None
+                        ) -> tuple[EngineTraits, dict[str, Any]]:
+    """One engine from several calibrations of it (``calibrate --repeat N``): each fitted on its own
+    (``traits_from``), then every measured number their median and every yes/no what most of them
+    read (a tie reads no). One calibration's duplex efficiency or per-message cost moves by about
+    the replay's 5% target (docs/ENGINE.md, "How steady a calibration is"). ``derived``: each
+    calibration's traits and derived figures, in order."""
+    if not raws:
+        raise ConfigError("calibration: no probe outputs to fit")
+    fitted = [traits_from(raw, nominal_bytes_per_s=nominal_bytes_per_s) for raw in raws]
+    each = [traits.to_dict() for traits, _ in fitted]
+    merged = {}
+    for name, first in each[0].items():
+        values = [t[name] for t in each]
+        if isinstance(first, bool):
+            merged[name] = sum(values) * 2 > len(values)
+        elif isinstance(first, float):
+            merged[name] = _round(statistics.median(values))
+        elif len(set(values)) > 1:
+            raise ConfigError(f"calibration: the repeats disagree on {name} ({', '.join(map(str, values))}); "
+                              f"valid: repeats of one backend on one cluster")
+        else:
+            merged[name] = first
+    return EngineTraits.from_dict(merged, "the repeats' median"), {"repeats": [
+        {"traits": t, "derived": derived} for t, (_, derived) in zip(each, fitted)]}
+
+
+def repeat_spread(derived: Mapping[str, Any]) -> list[str]:
+    """``name min-max`` of every measured number that differs between the repeats (for the table)."""
+    each = [r["traits"] for r in derived.get("repeats", [])]
+    lines = []
+    for name, first in (each[0].items() if each else ()):
+        values = [t[name] for t in each]
+        if isinstance(first, float) and not isinstance(first, bool) and len(set(values)) > 1:
+            lines.append(f"{name} {min(values):.4g}-{max(values):.4g}")
+    return lines
+
+
 def _round(value: float) -> float:
     return float(f"{value:.6g}") if math.isfinite(value) else value
 

@@ -140,3 +140,19 @@ def test_a_recording_keeps_each_steps_skew_when_both_workers_traced(bench, tmp_p
     (tmp_path / "fifo_r0.trace.json").write_text(json.dumps(leader.document()))
     (tmp_path / "fifo_r0.trace.rank1.json").write_text(json.dumps(other.document()))
     assert bench.recorded_skews(profile, 2) == [0.4, 0.4]
+
+
+def test_a_parameter_servers_round_is_replayed_with_its_median_skew(bench):
+    """A round that kept its per-step skew is replayed every worker on its own, that far apart; a ring,
+    or a recording without skews, with one representative worker (None)."""
+    run = {"skews_s": [0.1, 0.5, 0.3, -0.2]}
+    assert bench.recorded_skew(run, "ps") == pytest.approx(0.2)
+    assert bench.recorded_skew(run, "allreduce") is None
+    assert bench.recorded_skew({"skews_s": []}, "ps") is None
+    assert bench.recorded_skew({}, "ps") is None
+
+
+def test_a_configuration_records_under_the_tcp_it_names(bench):
+    args = bench.ab_args(bench.CONFIGS["mxnet_byteps_transformer_200m"], 5)
+    assert args[args.index("--tcp-congestion") + 1] == "cubic" and args[args.index("--rounds") + 1] == "5"
+    assert "--tcp-congestion" not in bench.ab_args(bench.CONFIGS["torch_gloo_vgg_1g"], 1)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from byteps_prophet.calibrate.fit import fit_link, link_factor, service_samples, traits_from
+from byteps_prophet.calibrate.fit import fit_link, link_factor, repeat_spread, service_samples, traits_from, traits_from_repeats
 from byteps_prophet.core.engine import SCHEMA, EngineTraits, load_engine, save_engine
 from byteps_prophet.sim.engine import stream_done_s
 from byteps_prophet.errors import ConfigError
@@ -226,6 +226,7 @@ def test_cli_misuse_exits_2_with_one_line(tmp_path):
     for argv, culprit in ((["--backend", "nccl"], "byteps, kvstore, gloo"),
                           (["--backend", "gloo", "--workers", "1"], "--workers 1"),
                           (["--backend", "gloo", "--bandwidth", "fast"], "fast"),
+                          (["--backend", "gloo", "--repeat", "0"], "--repeat 0"),
                           (["--backend", "gloo", "--out", str(tmp_path / "no" / "x.json")], "--out")):
         proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "calibrate", *argv],
                               capture_output=True, text=True, timeout=60)
@@ -308,3 +309,29 @@ def test_comm_slowdown_is_the_bytes_moved_beside_the_workload_over_alone():
     raw = raw_output("byteps")
     del raw["compute"]["mover_busy_s"]
     assert traits_from(raw, nominal_bytes_per_s=RATE)[0].comm_slowdown == 1.0
+
+
+def test_repeats_give_each_numbers_median_and_what_most_read(tmp_path):
+    """``calibrate --repeat 3``: three calibrations fitted on their own, then each measured number their
+    median (duplex efficiency 1 / 0.926 / 0.96 -> 0.96) and each yes/no what two of three read; the
+    file keeps every probe output (``measured.raws``) and ``--refit`` gives the same engine again."""
+    raws = [raw_output("byteps"), raw_output("byteps", transfers=3.31, slowdown=1.5),
+            raw_output("byteps", transfers=3.28125, backpressure=False)]
+    each = [traits_from(raw, nominal_bytes_per_s=RATE)[0] for raw in raws]
+    merged, derived = traits_from_repeats(raws, nominal_bytes_per_s=RATE)
+    efficiencies = sorted(t.duplex_efficiency for t in each)
+    assert merged.duplex_efficiency == efficiencies[1] and efficiencies[0] < efficiencies[1] < efficiencies[2]
+    assert merged.compute_slowdown == pytest.approx(1.25)  # 1.25, 1.5, 1.25
+    assert [t.backpressure for t in each] == [True, True, False] and merged.backpressure
+    assert [r["traits"] for r in derived["repeats"]] == [t.to_dict() for t in each]
+    assert any(line.startswith("duplex_efficiency ") for line in repeat_spread(derived))
+    doc = {"schema": SCHEMA, "traits": merged.to_dict(),
+           "measured": {"setup": {"nominal_bytes_per_s": RATE}, "raws": raws, "derived": derived}}
+    path = tmp_path / "repeats.json"
+    path.write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "calibrate", "--refit", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "the median of 3 calibrations" in proc.stdout, proc.stderr
+    assert load_engine(str(path)) == merged and len(json.loads(path.read_text())["measured"]["raws"]) == 3
+    with pytest.raises(ConfigError, match="disagree on name"):
+        traits_from_repeats([raw_output("byteps"), raw_output("gloo")], nominal_bytes_per_s=RATE)
