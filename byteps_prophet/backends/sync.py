@@ -251,10 +251,14 @@ class Synchroniser:
             self._closing = True
             self._cond.notify_all()
         if self.leader and self._issuer is None:  # inline: the close record from here, best effort
-            with self._inline_lock:
-                if self.channel is not None and self._failed is None:
-                    with contextlib.suppress(BackendError):  # a follower that left first
-                        self.channel.put([["close"]])
+            # not while an issue never returns (it holds the lock): closing must not hang with it
+            if self._inline_lock.acquire(timeout=timeout):
+                try:
+                    if self.channel is not None and self._failed is None:
+                        with contextlib.suppress(BackendError):  # a follower that left first
+                            self.channel.put([["close"]])
+                finally:
+                    self._inline_lock.release()
             self._waits.put(None)
             self._waiter.join(timeout)
         elif self.leader:

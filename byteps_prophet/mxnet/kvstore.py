@@ -733,14 +733,22 @@ class ScheduledKVStore(KVStoreBase):
             raise RuntimeError(f"ScheduledKVStore: background thread failed: {self._error!r}") from self._error
 
     def close(self) -> None:
-        self.flush()
+        """Wait for everything registered (at most ``BYTEPS_PROPHET_TIMEOUT``, Settings.timeout), then
+        stop the store's threads; a synchronisation that never finishes (a peer gone, a bug) ends in
+        TimeoutError after the store is shut down, not in a hang."""
+        try:
+            self.flush(timeout=self.settings.timeout)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
         self._probe.join(timeout=5)
         if self._timer is not None:
             self._timer.close()
-        self._sync.close()
+        self._sync.close(timeout=min(10.0, self.settings.timeout))
         self.save_trace()
         if isinstance(self._real, mx.kv.KVStore):
             self._leave_job()

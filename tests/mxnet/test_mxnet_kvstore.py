@@ -142,6 +142,25 @@ def test_the_store_writes_the_one_trace_format(tmp_path, variable, perfetto_chec
         skv.create("local", settings=settings.replace(trace=str(tmp_path / "missing" / "kv.json")))
 
 
+def test_close_ends_a_synchronisation_that_never_finishes_in_bounded_time():
+    """A transfer that never returns (a peer gone, a bug) makes ``close`` wait at most
+    BYTEPS_PROPHET_TIMEOUT and then raise, its threads stopped, instead of hanging the worker (a CI
+    run once hung in the forward-order test's ``close`` after its ``flush(timeout=60)`` had failed)."""
+    kv = skv.create("local", settings=Settings(scheduler="fifo", timeout=1.0))
+    stuck = threading.Event()
+    kv._transfer = lambda atom_key, buf, priority: stuck.wait(120)
+    kv.init(3, mx.nd.ones((10, 4)))
+    kv.pushpull(3, mx.nd.ones((10, 4)), out=mx.nd.zeros((10, 4)))
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match="did not finish in time"):
+            kv.close()
+        assert time.monotonic() - started < 30
+        assert kv._stopping
+    finally:
+        stuck.set()
+
+
 def test_the_store_learns_the_forward_order_from_the_backward():
     """MXNet's Trainer numbers its keys by sorted parameter name (dense10 before dense2); the store
     posts each gradient as the engine stages it and learns each key's place in the forward pass from
