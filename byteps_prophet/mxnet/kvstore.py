@@ -717,10 +717,15 @@ class ScheduledKVStore(KVStoreBase):
                 self._wait(entry.last.done, deadline)
 
     def _wait(self, event: threading.Event, deadline: float | None = None) -> None:
+        """Wait for ``event``, at most until ``deadline`` (default: BYTEPS_PROPHET_TIMEOUT from now):
+        a synchronisation that never finishes ends the run in TimeoutError, not in a hang."""
+        if deadline is None:
+            deadline = time.monotonic() + self.settings.timeout
         while not event.wait(0.5):
             self._raise_error()
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError("ScheduledKVStore: synchronisation did not finish in time")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ScheduledKVStore: synchronisation did not finish in time (worker {self.rank}, "
+                                   f"{self.settings.scheduler}; BYTEPS_PROPHET_TIMEOUT={self.settings.timeout:g}s)")
         self._raise_error()
 
     def _fail(self, err: BaseException) -> None:

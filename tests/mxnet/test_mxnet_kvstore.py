@@ -159,6 +159,10 @@ def test_close_ends_a_synchronisation_that_never_finishes_in_bounded_time():
         assert kv._stopping
     finally:
         stuck.set()
+    deadline = time.monotonic() + 10  # the transfer returned: its gate opens, no engine op left pending
+    while kv._gate.open_gates and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kv._gate.open_gates == 0
 
 
 def test_the_store_learns_the_forward_order_from_the_backward():
