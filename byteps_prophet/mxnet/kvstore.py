@@ -221,6 +221,9 @@ class ScheduledKVStore(KVStoreBase):
         self._step: list[_Sync] = []
         self._step_keys: set = set()
         self._expected: set | None = None
+        # The keys of the steps closed idle since the last step closed otherwise: a step registered
+        # after an idle close continues their iteration, until one of them comes again (the next one)
+        self._continued: set = set()
         self._last_register = 0.0
         self._closed_steps: deque[tuple[int, list[_Sync]]] = deque()
         self._idle_close_s = idle_close_s
@@ -393,8 +396,9 @@ class ScheduledKVStore(KVStoreBase):
             raise RuntimeError("ScheduledKVStore: worker 0 closed the order channel (it finished or left)")
         entry = self._entry(key)
         with self._cv:
-            if key in self._step_keys:  # the same key again: a new step began
+            if key in self._step_keys or key in self._continued:  # the same key again: a new step began
                 self._close_step()
+                self._continued = set()
         if entry.last is not None and not entry.last.delivered.is_set():
             with self._registering():
                 self._wait(entry.last.delivered)  # the atom buffers still hold its rows or its result
@@ -498,10 +502,15 @@ class ScheduledKVStore(KVStoreBase):
 
     # -- steps and the probe ---------------------------------------------------------------------------
     def _close_step(self) -> None:  # holds _cv
+        """Close the step being registered. MXNet runs compute asynchronously, so the training loop can
+        register the next iteration's first gradients while the engine still runs this one's backward:
+        a step is never one iteration's tail and the next one's head (``_continued``), because the
+        probe waits for a step's gradients in backward order, and the next iteration's gradients wait
+        for the forward that waits for this one's results."""
         if not self._step:
             return
         self._closed_steps.append((self._iteration, self._step))
-        self._expected = set(self._step_keys)
+        self._expected = self._continued | set(self._step_keys)
         self._iteration += 1
         self._step, self._step_keys = [], set()
         self._cv.notify_all()
@@ -518,6 +527,7 @@ class ScheduledKVStore(KVStoreBase):
                                 continue
                             if idle >= self._idle_close_s:
                                 self.steps_closed_idle += 1
+                                self._continued |= self._step_keys
                                 self._close_step()
                                 break
                             self._cv.wait(self._idle_close_s - idle)
