@@ -165,9 +165,10 @@ def test_close_ends_a_synchronisation_that_never_finishes_in_bounded_time():
     assert kv._gate.open_gates == 0
 
 
-def _train_dense_stack(idle_close_s: float) -> tuple[list, int]:
-    """Three Trainer steps of a 12-layer dense stack on a local store under Prophet: the parameters,
-    and how many steps the store closed (more than 3: an iteration was split by ``idle_close_s``)."""
+@contextlib.contextmanager
+def _trained_dense_stack(idle_close_s: float = skv.IDLE_CLOSE_S):
+    """Three Trainer steps of a 12-layer dense stack on a local store under Prophet, flushed:
+    ``(net, trainer, store)``, the store closed on leaving."""
     from mxnet import autograd, gluon
     from mxnet.gluon import nn
 
@@ -177,51 +178,7 @@ def _train_dense_stack(idle_close_s: float) -> tuple[list, int]:
         net.add(nn.Dense(512, activation="relu"))
     net.add(nn.Dense(2))
     net.initialize(mx.init.Xavier())
-    kv = skv.create("local", settings=Settings(scheduler="prophet", timeout=30), idle_close_s=idle_close_s)
-    try:
-        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv)
-        x, y = mx.nd.ones((256, 512)), mx.nd.zeros((256,))
-        for _ in range(3):
-            with autograd.record():
-                loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(x), y)
-            loss.backward()
-            trainer.step(256)
-        kv.flush(timeout=30)
-        return [p.data().asnumpy() for p in net.collect_params().values()], kv._iteration
-    finally:
-        kv.close()
-
-
-def test_a_step_closed_idle_mid_iteration_neither_deadlocks_nor_changes_the_math():
-    """MXNet computes asynchronously: the loop registers the next iteration's first gradients while
-    the engine still runs this one's backward. A pause of ``idle_close_s`` between two registrations
-    (0.1 s by default: a GC pause or a busy machine) closed a step mid-iteration, the rest of the
-    iteration joined the next iteration's first keys in one step, and the probe, waiting for those in
-    backward order, waited for gradients whose forward waited for the rest: a clean-clone CI hung
-    twice here, and with 0.3 ms 4 of 9 runs did. Now such a step ends where the iteration does."""
-    reference, _ = _train_dense_stack(skv.IDLE_CLOSE_S)
-    split = 0
-    for _ in range(12):
-        params, steps = _train_dense_stack(0.0003)
-        split += steps > 3
-        for got, want in zip(params, reference):
-            np.testing.assert_array_equal(got, want)
-    assert split, "no iteration was split: the test did not exercise the continuation"
-
-
-def test_the_store_learns_the_forward_order_from_the_backward():
-    """MXNet's Trainer numbers its keys by sorted parameter name (dense10 before dense2); the store
-    posts each gradient as the engine stages it and learns each key's place in the forward pass from
-    that order (the first layers' gradients come last), the schedulers' priority."""
-    from mxnet import autograd, gluon
-    from mxnet.gluon import nn
-
-    net = nn.HybridSequential()
-    for _ in range(11):
-        net.add(nn.Dense(512, activation="relu"))
-    net.add(nn.Dense(2))
-    net.initialize(mx.init.Xavier())
-    kv = skv.create("local", settings=Settings(scheduler="prophet"))
+    kv = skv.create("local", settings=Settings(scheduler="prophet", timeout=60), idle_close_s=idle_close_s)
     try:
         trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv)
         x, y = mx.nd.ones((256, 512)), mx.nd.zeros((256,))
@@ -231,9 +188,39 @@ def test_the_store_learns_the_forward_order_from_the_backward():
             loss.backward()
             trainer.step(256)
         kv.flush(timeout=60)
-        place = {trainer._params[key].name: index for key, index in kv.forward_index.items()}
+        yield net, trainer, kv
     finally:
         kv.close()
+
+
+def _parameters(net) -> list:
+    return [p.data().asnumpy() for p in net.collect_params().values()]
+
+
+def test_a_step_closed_idle_mid_iteration_neither_deadlocks_nor_changes_the_math():
+    """MXNet computes asynchronously: the loop registers the next iteration's first gradients while
+    the engine still runs this one's backward. A pause of ``idle_close_s`` between two registrations
+    (0.1 s by default: a GC pause or a busy machine) closed a step mid-iteration, the rest of the
+    iteration joined the next iteration's first keys in one step, and the probe, waiting for those in
+    backward order, waited for gradients whose forward waited for the rest: a clean-clone CI hung
+    twice here, and with 0.3 ms 4 of 9 runs did. Now such a step ends where the iteration does."""
+    with _trained_dense_stack() as (net, _, _):
+        reference = _parameters(net)
+    split = 0
+    for _ in range(12):
+        with _trained_dense_stack(0.0003) as (net, _, kv):
+            params, split = _parameters(net), split + (kv._iteration > 3)  # more steps than iterations
+        for got, want in zip(params, reference):
+            np.testing.assert_array_equal(got, want)
+    assert split, "no iteration was split: the test did not exercise the continuation"
+
+
+def test_the_store_learns_the_forward_order_from_the_backward():
+    """MXNet's Trainer numbers its keys by sorted parameter name (dense10 before dense2); the store
+    posts each gradient as the engine stages it and learns each key's place in the forward pass from
+    that order (the first layers' gradients come last), the schedulers' priority."""
+    with _trained_dense_stack() as (net, trainer, kv):
+        place = {trainer._params[key].name: index for key, index in kv.forward_index.items()}
     assert len(place) == 24
     # each parameter's layer by position (Gluon's names count on across the tests of this process)
     layer = {param.name: i for i, block in enumerate(net) for param in block.collect_params().values()}
