@@ -367,7 +367,7 @@ def repeat_spread(derived: Mapping[str, Any]) -> list[str]:
     lines = []
     for name, first in (each[0].items() if each else ()):
         values = [t[name] for t in each]
-        if isinstance(first, float) and not isinstance(first, bool) and len(set(values)) > 1:
+        if isinstance(first, float) and len(set(values)) > 1:  # a bool is no float
             lines.append(f"{name} {min(values):.4g}-{max(values):.4g}")
     return lines
 
