@@ -13,8 +13,9 @@ For each real configuration of docs/AB.md and docs/MXNET.md (CONFIGS below):
    latency given as ``--bandwidth/--overhead/--latency``), timed as the recording was (its warm-up,
    then its timed steps from a synchronised start to a synchronised end), and compare. A parameter
    server's round whose recording kept both workers' per-step skew (``skews_s``) is replayed with
-   every worker on its own, started the round's median skew apart (``--skew``); others with one
-   representative worker.
+   every worker on its own, once per timed step started that step's skew apart (``--skew``), and
+   predicted as the mean of those windows; others with one representative worker. A variant's error
+   is the median over its rounds of each round's error.
 
 Everything the replay needs is kept under docs/replay/ (profiles, engines, measured step times), so
 ``--replay-only`` re-runs step 3 without a cluster. Results: docs/replay/results.json and a table.
@@ -274,29 +275,33 @@ def _replay(names: list[str], iterations: int | None, overrides: dict | None, sc
         for r in measured["runs"]:
             profile = os.path.relpath(folder / r["profile"], ROOT)  # commands in the results run from the root
             recording = json.loads((ROOT / profile).read_text())
-            skew = recorded_skew(r, cfg["arch"])
-            argv = cli("simulate", "--profile", profile, "--workers", "2", *arch, *link,
-                       "--scheduler", r["variant"], *measure_args(iterations, measured["config"]),
-                       "--compute", compute, *(["--skew", f"{skew:.4f}"] if skew is not None else []), "--json")
+            skews = step_skews_of(r, cfg["arch"])
             # Prophet's fusion as recorded (BYTEPS_PROPHET_FUSE, in the profile's meta since 33's fusion
             # work; recordings without it did not fuse): a replay of an unfused run must not fuse
             fuse = "1" if recording.get("meta", {}).get("fuse") else "0"
             env = {"BYTEPS_PROPHET_FUSE": fuse, **cfg.get("env", {})}
-            proc = run(argv, locked=False, timeout=600, env=env)
-            sim = json.loads(proc.stdout)
-            result = sim["results"][r["variant"]]
-            predicted = result["iter_ms"] / 1e3
+            by_skew = {}  # skew (None: one representative worker) -> (argv, the simulator's result)
+            for skew in dict.fromkeys(skews or [None]):
+                argv = cli("simulate", "--profile", profile, "--workers", "2", *arch, *link,
+                           "--scheduler", r["variant"], *measure_args(iterations, measured["config"]),
+                           "--compute", compute, *(["--skew", f"{skew:.4f}"] if skew is not None else []), "--json")
+                proc = run(argv, locked=False, timeout=600, env=env)
+                by_skew[skew] = argv, json.loads(proc.stdout)["results"][r["variant"]]
+            predicted, predicted_steps = skewed_prediction(skews or [None], {k: v[1] for k, v in by_skew.items()})
             steps = {}
             # Each step against the profile's own, where the profile's steps are the simulator's: the
             # MXNet bench marks each at its backward start (the torch probe at its forward start)
-            if "steps_ms" in result and recording.get("framework") == "mxnet":
+            if predicted_steps and recording.get("framework") == "mxnet":
                 recorded = [it["iteration_s"] for it in recording["iterations"]]
                 steps = {"recorded_steps_s": [round(t, 4) for t in recorded],
-                         "predicted_steps_s": [round(t / 1e3, 4) for t in result["steps_ms"]]}
-            rows.append({"variant": r["variant"], "round": r["round"], "skew_s": skew, "measured_s": round(r["step_s"], 4),
-                         "predicted_s": round(predicted, 4), "error": round(predicted / r["step_s"] - 1, 4), **steps,
-                         "command": " ".join(f"{k}={v}" for k, v in env.items()) + " byteps-prophet "
-                                    + " ".join(str(a) for a in argv[3:])})
+                         "predicted_steps_s": [round(t, 4) for t in predicted_steps]}
+            prefix = " ".join(f"{k}={v}" for k, v in env.items()) + " byteps-prophet "
+            rows.append({"variant": r["variant"], "round": r["round"],
+                         "skew_s": round(statistics.median(skews), 4) if skews else None,
+                         **({"skews_s": skews} if skews else {}),
+                         "measured_s": round(r["step_s"], 4), "predicted_s": round(predicted, 4),
+                         "error": round(predicted / r["step_s"] - 1, 4), **steps,
+                         "commands": [prefix + " ".join(str(a) for a in argv[3:]) for argv, _ in by_skew.values()]})
         variants = per_variant_errors(rows)
         results["configs"][name] = {"rows": rows, "variants": variants, **orders(rows),
                                     "within_target": all(abs(v["error"]) <= TARGET for v in variants.values()),
@@ -304,13 +309,29 @@ def _replay(names: list[str], iterations: int | None, overrides: dict | None, sc
     return results
 
 
-def recorded_skew(run: dict, arch: str) -> float | None:
-    """The skew a parameter server's round is replayed with (``simulate --skew``: every worker on its
-    own, the other one starting this much later): the median over its timed steps of how far the
-    other worker ran behind, where the recording kept it (``skews_s``); else None, one representative
-    worker. Like the round's compute, the skew is a condition of the run the replay takes as given."""
+def step_skews_of(run: dict, arch: str) -> list[float]:
+    """The skews a parameter server's round is replayed with (``simulate --skew``: every worker on its
+    own, the other one starting that much later): how far the other worker ran behind in each timed
+    step, where the recording kept it (``skews_s``); else [], one representative worker. Like the
+    round's compute, the skew is a condition of the run the replay takes as given."""
     skews = run.get("skews_s") or []
-    return round(statistics.median(skews), 4) if skews and arch == "ps" else None
+    return [round(s, 4) for s in skews] if arch == "ps" else []
+
+
+def skewed_prediction(skews: list, results: dict) -> tuple[float, list[float]]:
+    """A round's predicted step and timed steps (seconds) from the simulator's ``results`` per skew:
+    each timed step predicted at the skew the recording measured in it, the window simulated once per
+    skew (the simulated pair keeps its skew; the real one wanders, 0.71 to 0.15 s apart in one FIFO
+    round, and a step moves about 2 s per second of skew): the predicted step is the mean of the
+    windows' steps (each window from its synchronised start, as the A/B times it), the predicted
+    timed steps step k of the window at step k's skew. One skew, or none (``[None]``): that window."""
+    mean = statistics.mean(results[s]["iter_ms"] for s in skews) / 1e3
+    windows = [results[s].get("steps_ms") or [] for s in skews]
+    if len(skews) == 1:
+        return mean, [t / 1e3 for t in windows[0]]
+    if all(len(w) == len(skews) for w in windows):
+        return mean, [w[k] / 1e3 for k, w in enumerate(windows)]
+    return mean, []
 
 
 def _per_variant(rows: list[dict], key: str) -> dict:
@@ -320,15 +341,20 @@ def _per_variant(rows: list[dict], key: str) -> dict:
 
 
 def per_variant_errors(rows: list[dict]) -> dict:
-    """Per variant: the median measured and predicted step over its rounds, the error between them, and
-    the spread of the measured rounds (max / min - 1). One round of a variant moves by 5-10% on this
-    machine (docs/AB.md), so with several rounds the target is read on the medians."""
+    """Per variant: the error, the median over its rounds of each round's predicted step against its own
+    measured one; the median measured and predicted steps and the error between those medians; the
+    spread of the measured rounds (max / min - 1). Each round is a replay of its own recording (its
+    compute, its skew), so each is read against its own measurement; the medians pair one round's
+    measurement with another's prediction wherever the rounds split into two states (the credit under
+    CUBIC: three rounds pipelined at 1.94-2.08 s a step, two in step at 2.82-2.84 s)."""
     meas, pred = _per_variant(rows, "measured_s"), _per_variant(rows, "predicted_s")
+    errors = _per_variant(rows, "error")
     out = {}
     for v in meas:
         values = [r["measured_s"] for r in rows if r["variant"] == v]
         out[v] = {"rounds": len(values), "measured_s": round(meas[v], 4), "predicted_s": round(pred[v], 4),
-                  "error": round(pred[v] / meas[v] - 1, 4), "measured_spread": round(max(values) / min(values) - 1, 4)}
+                  "error": round(errors[v], 4), "medians_error": round(pred[v] / meas[v] - 1, 4),
+                  "measured_spread": round(max(values) / min(values) - 1, 4)}
         inner = [e for e in (inner_steps_error(r) for r in rows if r["variant"] == v) if e is not None]
         if inner:
             out[v]["inner_steps_error"] = round(statistics.median(inner), 4)
@@ -362,18 +388,19 @@ def git_commit() -> str:
 
 
 def variant_table(results: dict) -> str:
-    """Per configuration and variant: medians over the rounds, the error, the measured rounds' spread."""
+    """Per configuration and variant: medians over the rounds, the error (the median of the rounds'), the
+    error between the medians, the measured rounds' spread."""
     lines = ["| configuration | variant | rounds | measured s/step (spread) | predicted s/step | error | "
-             "steps but the edges | order |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "medians' error | steps but the edges | order |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, res in results["configs"].items():
         order = "right" if res["order_agrees"] else ("wrong" if not res["order_agrees_beyond_noise"]
                                                      else f"swap within {NOISE:.0%}")
         for k, (v, r) in enumerate(res.get("variants", {}).items()):
             inner = f"{r['inner_steps_error']:+.1%}" if "inner_steps_error" in r else "-"
             lines.append(f"| {name if k == 0 else ''} | {v} | {r['rounds']} | {r['measured_s']:.3f} "
-                         f"({r['measured_spread']:.0%}) | {r['predicted_s']:.3f} | {r['error']:+.1%} | {inner} | "
-                         f"{order if k == 0 else ''} |")
+                         f"({r['measured_spread']:.0%}) | {r['predicted_s']:.3f} | {r['error']:+.1%} | "
+                         f"{r['medians_error']:+.1%} | {inner} | {order if k == 0 else ''} |")
     return "\n".join(lines)
 
 
