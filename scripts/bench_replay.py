@@ -83,7 +83,7 @@ CONFIGS = {
     "mxnet_byteps_transformer_200m": dict(
         **BYTEPS_MXNET, engine="byteps_cubic", tcp="cubic"),
     # The same under BBR (this machine's default, under which every other configuration ran; recorded
-    # at 0e580ad without the workers' skews): the case the model misses, kept in view.
+    # at 48dd0c1 with both workers' skews, at 0e580ad without): the case the model misses, kept in view.
     "mxnet_byteps_transformer_200m_bbr": dict(
         **BYTEPS_MXNET, engine="byteps", tcp="bbr"),
 }
