@@ -21,7 +21,7 @@ Everything the replay needs is kept under docs/replay/ (profiles, engines, measu
 ``--replay-only`` re-runs step 3 without a cluster. Results: docs/replay/results.json and a table.
 
     scripts/bench_replay.py                      # record what is missing, calibrate, replay (about 20 minutes, root)
-    scripts/bench_replay.py --replay-only        # replay what docs/replay/ holds (seconds)
+    scripts/bench_replay.py --replay-only        # replay what docs/replay/ holds (under a minute)
     scripts/bench_replay.py --configs gloo_vgg_1g --replay-only
 """
 from __future__ import annotations
