@@ -148,8 +148,13 @@ def record(name: str, cfg: dict, rounds: int) -> None:
 
 
 def ab_args(cfg: dict, rounds: int) -> list[str]:
-    tcp = ["--tcp-congestion", cfg["tcp"]] if cfg.get("tcp") else []
-    return [*cfg["ab"], "--workers", "2", "--rounds", str(rounds), "--no-tune", "--variants", ",".join(VARIANTS), *tcp]
+    return [*cfg["ab"], "--workers", "2", "--rounds", str(rounds), "--no-tune", "--variants", ",".join(VARIANTS),
+            *tcp_args(cfg)]
+
+
+def tcp_args(spec: dict) -> list[str]:
+    """The hosts' TCP congestion control a configuration or engine names (``ab``/``calibrate`` option)."""
+    return ["--tcp-congestion", spec["tcp"]] if spec.get("tcp") else []
 
 
 def recorded_skews(profile: Path, steps: int) -> list[float]:
@@ -169,10 +174,9 @@ def calibrate(engine: str) -> None:
     out = OUT / f"engine_{engine}.json"
     commit = git_commit()
     spec = ENGINES[engine]
-    tcp = ["--tcp-congestion", spec["tcp"]] if spec.get("tcp") else []
     repeat = spec.get("repeat", 1)
     run(cli("calibrate", "--backend", spec["backend"], "--workers", "2", "--servers", "1", "--bandwidth",
-            spec["bandwidth"], *tcp, "--repeat", str(repeat), "--out", str(out)), locked=True, timeout=600 * repeat)
+            spec["bandwidth"], *tcp_args(spec), "--repeat", str(repeat), "--out", str(out)), locked=True, timeout=600 * repeat)
     doc = json.loads(out.read_text())
     doc.setdefault("measured", {})["commit"] = commit
     out.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
