@@ -318,6 +318,20 @@ def test_a_stream_replayed_with_a_window_pipelines_and_a_burst_sends_every_push_
     assert one_at_a_time == pytest.approx([2 * push * (i + 1) for i in range(4)])
 
 
+def test_workers_bursting_in_step_share_the_server_equally_and_finish_together():
+    """``burst_done_s``, two workers each sending four 1 MB ops at once on the shared server links (what
+    scripts/bench_shares.py measures on the real engine): each direction shared equally, every pull
+    behind every push, so both workers get the same answers at the same moments, 5 to 8 pushes' time
+    (as one representative's burst), and at half the rate twice as late."""
+    from byteps_prophet.sim.engine import burst_done_s
+
+    engine = EngineTraits(stages=2, pulls_follow_pushes=True, backpressure=True, servers=1)
+    push = 2 * 1_000_000 / RATE
+    first, second = burst_done_s(engine, RATE, 2, 1_000_000, 4)
+    assert first == pytest.approx([5 * push, 6 * push, 7 * push, 8 * push]) and second == pytest.approx(first)
+    assert burst_done_s(engine, RATE / 2, 2, 1_000_000, 4)[0] == pytest.approx([2 * t for t in first])
+
+
 def test_bytes_move_slower_while_the_worker_computes():
     """comm_slowdown: a collective sent while the simulated worker computes runs at the rate over it;
     one sent while the worker waits for its parameters, at the full rate."""

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Two BytePS workers in step: do they get equal shares of the server's link?
+
+The simulator shares each direction of a server's link equally between the workers' connections
+(``SharedServerNetwork``, processor sharing), so two workers that push the same bytes at the same
+moment finish together. This benchmark asks the real engine: on the one-machine cluster (two workers,
+one server, 200 Mbit/s links), both workers issue the same burst of BytePS push_pulls (nine of 2 MiB,
+about a BytePS-MXNet transformer's gradients) at the same moment, ``--reps`` times after a barrier
+and a pause, under each TCP congestion control asked for; each worker records when each of its
+push_pulls completed. Per burst: how much later worker 1's first and last answers came than worker
+0's, beside the simulator's (the calibrated engine, ``burst_done_s``). Results:
+docs/replay/shares.json and a table.
+
+    scripts/bench_shares.py                        # BBR and CUBIC, 10 bursts each (about 2 minutes, root)
+    scripts/bench_shares.py --tcp cubic --reps 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
+import bench_replay  # noqa: E402  (the runner, the lock and the engines: one of each)
+
+OUT = bench_replay.OUT / "shares.json"
+OPS, OP_ELEMENTS = 9, 512 * 1024  # nine float32 push_pulls of 2 MiB each
+BANDWIDTH = "200mbit"
+PAUSE_S = 0.3  # between bursts, so that each starts on an idle link
+ENGINES = {"bbr": "engine_byteps.json", "cubic": "engine_byteps_cubic.json"}  # calibrated under each
+
+
+# -- on each worker (``--worker``, started by ``cluster run``) -------------------------------------------
+def worker(reps: int, out_prefix: str) -> None:
+    """Burst ``reps`` times; write each burst's start (the machine's monotonic clock, which both
+    workers share) and its push_pulls' completions (seconds after it) to ``out_prefix``.rankR.json."""
+    import torch
+    import byteps.torch as bps
+    import byteps.torch.ops as ops
+
+    torch.set_num_threads(1)
+    bps.init()
+    bufs = [torch.zeros(OP_ELEMENTS) for _ in range(OPS)]
+    names = [f"shares.{i}" for i in range(OPS)]
+    for name in [*names, "shares.barrier"]:
+        ops.declare(name)  # the same order on every worker: the keys agree
+    token = torch.zeros(1)
+
+    def barrier() -> None:
+        ops.synchronize(ops.push_pull_async_inplace(token, average=True, name="shares.barrier"))
+
+    def burst() -> tuple[float, list[float]]:
+        start = time.monotonic()
+        handles = [ops.push_pull_async_inplace(b, average=True, name=n) for b, n in zip(bufs, names)]
+        done = []
+        for handle in handles:
+            ops.synchronize(handle)
+            done.append(round(time.monotonic() - start, 6))
+        return start, done
+
+    burst()  # warm-up: every key initialised on the server
+    bursts = []
+    for _ in range(reps):
+        barrier()
+        time.sleep(PAUSE_S)
+        barrier()
+        start, done = burst()
+        bursts.append({"start": round(start, 6), "done_s": done})
+    Path(f"{out_prefix}.rank{bps.rank()}.json").write_text(json.dumps(bursts))
+    bps.shutdown()
+
+
+# -- the summary --------------------------------------------------------------------------------------
+def later_s(first: list[dict], second: list[dict]) -> list[dict]:
+    """Per burst, how much later (seconds, on the shared clock) the second worker's first and last
+    answers came than the first worker's, and when the slower of the two finished."""
+    rows = []
+    for a, b in zip(first, second):
+        start = min(a["start"], b["start"])
+        ends = [(w["start"] - start + w["done_s"][0], w["start"] - start + w["done_s"][-1]) for w in (a, b)]
+        rows.append({"first_later_s": round(ends[1][0] - ends[0][0], 4),
+                     "last_later_s": round(ends[1][1] - ends[0][1], 4),
+                     "both_done_s": round(max(ends[0][1], ends[1][1]), 4)})
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    later = [r["last_later_s"] for r in rows]
+    return {"bursts": len(rows), "last_later_median_s": round(statistics.median(later), 4),
+            "last_later_mean_s": round(statistics.mean(later), 4),
+            "last_later_sd_s": round(statistics.pstdev(later), 4),
+            "last_later_abs_median_s": round(statistics.median(abs(x) for x in later), 4),
+            "both_done_median_s": round(statistics.median(r["both_done_s"] for r in rows), 4)}
+
+
+def simulated(engine_file: Path) -> dict:
+    """The same burst in the simulator, with the engine calibrated under that TCP."""
+    from byteps_prophet.core.engine import load_engine
+    from byteps_prophet.sim.engine import burst_done_s
+
+    traits = load_engine(str(engine_file))
+    done = burst_done_s(traits, traits.bandwidth_bytes_per_s, 2, OP_ELEMENTS * 4, OPS)
+    return {"engine": os.path.relpath(engine_file, ROOT), "last_later_s": round(done[1][-1] - done[0][-1], 4),
+            "both_done_s": round(max(done[0][-1], done[1][-1]), 4)}
+
+
+# -- the driver ---------------------------------------------------------------------------------------------
+def measure(tcp: str, reps: int, folder: Path) -> list[dict]:
+    prefix = folder / tcp
+    argv = bench_replay.cli("cluster", "run", "--workers", "2", "--servers", "1", "--bandwidth", BANDWIDTH,
+                            "--engine", "byteps", "--tcp-congestion", tcp, "--timeout", str(120 + 10 * reps),
+                            "--", sys.executable, str(Path(__file__).resolve()), "--worker", str(prefix),
+                            "--reps", str(reps))
+    bench_replay.run(argv, locked=True, timeout=180 + 10 * reps)
+    first, second = (json.loads(Path(f"{prefix}.rank{r}.json").read_text()) for r in (0, 1))
+    return later_s(first, second)
+
+
+def table(results: dict) -> str:
+    lines = ["| TCP | bursts | worker 1's last answer later (median, sd) | both done (median) | "
+             "simulated: later, both done |", "| --- | --- | --- | --- | --- |"]
+    for tcp, r in results["tcp"].items():
+        s, sim = r["summary"], r["simulated"]
+        lines.append(f"| {tcp} | {s['bursts']} | {s['last_later_median_s']:+.3f} s ({s['last_later_sd_s']:.3f}) | "
+                     f"{s['both_done_median_s']:.3f} s | {sim['last_later_s']:+.3f} s, {sim['both_done_s']:.3f} s |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tcp", default="bbr,cubic",
+                        help="comma-separated TCP congestion controls (default bbr,cubic)")
+    parser.add_argument("--reps", type=int, default=10, help="bursts per TCP (default 10)")
+    parser.add_argument("--out", default=str(OUT), help=f"results file (default {os.path.relpath(OUT, ROOT)})")
+    parser.add_argument("--worker", metavar="PREFIX", help=argparse.SUPPRESS)  # on each worker of the cluster
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error(f"--reps {args.reps} is invalid; valid: an integer >= 1")
+    if args.worker:
+        worker(args.reps, args.worker)
+        return 0
+    tcps = [t.strip() for t in args.tcp.split(",") if t.strip()]
+    if not tcps:
+        parser.error(f"--tcp {args.tcp!r} names no TCP congestion control; valid: e.g. bbr,cubic")
+    results = {"commit": bench_replay.git_commit(), "command": "scripts/bench_shares.py " + " ".join(argv or sys.argv[1:]),
+               "bandwidth": BANDWIDTH, "ops": OPS, "op_bytes": OP_ELEMENTS * 4, "tcp": {}}
+    with tempfile.TemporaryDirectory(prefix="bpp-shares-") as folder:
+        for tcp in tcps:
+            rows = measure(tcp, args.reps, Path(folder))
+            engine = bench_replay.OUT / ENGINES.get(tcp, "engine_byteps.json")
+            results["tcp"][tcp] = {"bursts": rows, "summary": summary(rows), "simulated": simulated(engine)}
+            bench_replay.log(f"{tcp}: {results['tcp'][tcp]['summary']}")
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
