@@ -6,13 +6,13 @@ The simulator shares each direction of a server's link equally between the worke
 moment finish together. This benchmark asks the real engine: on the one-machine cluster (two workers,
 one server, 200 Mbit/s links), both workers issue the same burst of BytePS push_pulls (nine of 2 MiB,
 about a BytePS-MXNet transformer's gradients) at the same moment, ``--reps`` times after a barrier
-and a pause, under each TCP congestion control asked for; each worker records when each of its
-push_pulls completed. Per burst: how much later worker 1's first and last answers came than worker
+and a pause, under each TCP congestion control asked for, on ``--clusters`` fresh clusters each;
+each worker records when each of its push_pulls completed. Per burst: how much later worker 1's first and last answers came than worker
 0's, beside the simulator's (the calibrated engine, ``burst_done_s``). Results:
 docs/replay/shares.json and a table.
 
-    scripts/bench_shares.py                        # BBR and CUBIC, 10 bursts each (about 2 minutes, root)
-    scripts/bench_shares.py --tcp cubic --reps 5
+    scripts/bench_shares.py                        # BBR and CUBIC, two clusters of 10 bursts each (4 minutes, root)
+    scripts/bench_shares.py --tcp cubic --reps 5 --clusters 1
 """
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ def simulated(engine_file: Path) -> dict:
 
 # -- the driver ---------------------------------------------------------------------------------------------
 def measure(tcp: str, reps: int, folder: Path) -> list[dict]:
+    folder.mkdir(parents=True, exist_ok=True)
     prefix = folder / tcp
     argv = bench_replay.cli("cluster", "run", "--workers", "2", "--servers", "1", "--bandwidth", BANDWIDTH,
                             "--engine", "byteps", "--tcp-congestion", tcp, "--timeout", str(120 + 10 * reps),
@@ -123,12 +124,15 @@ def measure(tcp: str, reps: int, folder: Path) -> list[dict]:
 
 
 def table(results: dict) -> str:
-    lines = ["| TCP | bursts | worker 1's last answer later (median, sd) | both done (median) | "
-             "simulated: later, both done |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| TCP | cluster | bursts | worker 1's last answer later (median, sd) | both done (median) | "
+             "simulated: later, both done |", "| --- | --- | --- | --- | --- | --- |"]
     for tcp, r in results["tcp"].items():
-        s, sim = r["summary"], r["simulated"]
-        lines.append(f"| {tcp} | {s['bursts']} | {s['last_later_median_s']:+.3f} s ({s['last_later_sd_s']:.3f}) | "
-                     f"{s['both_done_median_s']:.3f} s | {sim['last_later_s']:+.3f} s, {sim['both_done_s']:.3f} s |")
+        sim = r["simulated"]
+        for k, cluster in enumerate(r["clusters"]):
+            s = cluster["summary"]
+            lines.append(f"| {tcp if k == 0 else ''} | {k} | {s['bursts']} | {s['last_later_median_s']:+.3f} s "
+                         f"({s['last_later_sd_s']:.3f}) | {s['both_done_median_s']:.3f} s | "
+                         f"{sim['last_later_s']:+.3f} s, {sim['both_done_s']:.3f} s |")
     return "\n".join(lines)
 
 
@@ -137,12 +141,15 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tcp", default="bbr,cubic",
                         help="comma-separated TCP congestion controls (default bbr,cubic)")
-    parser.add_argument("--reps", type=int, default=10, help="bursts per TCP (default 10)")
+    parser.add_argument("--reps", type=int, default=10, help="bursts per cluster (default 10)")
+    parser.add_argument("--clusters", type=int, default=2,
+                        help="fresh clusters per TCP, one after the other (default 2)")
     parser.add_argument("--out", default=str(OUT), help=f"results file (default {os.path.relpath(OUT, ROOT)})")
     parser.add_argument("--worker", metavar="PREFIX", help=argparse.SUPPRESS)  # on each worker of the cluster
     args = parser.parse_args(argv)
-    if args.reps < 1:
-        parser.error(f"--reps {args.reps} is invalid; valid: an integer >= 1")
+    for name in ("reps", "clusters"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} {getattr(args, name)} is invalid; valid: an integer >= 1")
     if args.worker:
         worker(args.reps, args.worker)
         return 0
@@ -153,10 +160,13 @@ def main(argv=None) -> int:
                "bandwidth": BANDWIDTH, "ops": OPS, "op_bytes": OP_ELEMENTS * 4, "tcp": {}}
     with tempfile.TemporaryDirectory(prefix="bpp-shares-") as folder:
         for tcp in tcps:
-            rows = measure(tcp, args.reps, Path(folder))
+            clusters = []
+            for k in range(args.clusters):
+                rows = measure(tcp, args.reps, Path(folder) / str(k))
+                clusters.append({"bursts": rows, "summary": summary(rows)})
+                bench_replay.log(f"{tcp}, cluster {k}: {clusters[-1]['summary']}")
             engine = bench_replay.OUT / ENGINES.get(tcp, "engine_byteps.json")
-            results["tcp"][tcp] = {"bursts": rows, "summary": summary(rows), "simulated": simulated(engine)}
-            bench_replay.log(f"{tcp}: {results['tcp'][tcp]['summary']}")
+            results["tcp"][tcp] = {"clusters": clusters, "simulated": simulated(engine)}
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
     return 0

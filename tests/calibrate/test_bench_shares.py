@@ -33,7 +33,7 @@ def test_a_burst_is_read_on_the_clock_both_workers_share(bench):
 
 
 def test_misuse_is_one_line_and_exit_2(bench, capsys):
-    for argv, culprit in ((["--reps", "0"], "--reps 0"), (["--tcp", ","], "--tcp")):
+    for argv, culprit in ((["--reps", "0"], "--reps 0"), (["--clusters", "0"], "--clusters 0"), (["--tcp", ","], "--tcp")):
         with pytest.raises(SystemExit) as exit_:
             bench.main(argv)
         err = capsys.readouterr().err.strip().splitlines()
@@ -47,9 +47,9 @@ def test_two_real_workers_burst_and_both_report(bench, tmp_path):
     simulator's equal shares finish both workers together."""
     tcp = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     out = tmp_path / "shares.json"
-    assert bench.main(["--tcp", tcp, "--reps", "2", "--out", str(out)]) == 0
+    assert bench.main(["--tcp", tcp, "--reps", "2", "--clusters", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())["tcp"][tcp]
-    assert len(result["bursts"]) == 2
-    for burst in result["bursts"]:
+    assert len(result["clusters"]) == 1 and len(result["clusters"][0]["bursts"]) == 2
+    for burst in result["clusters"][0]["bursts"]:
         assert 1.5 < burst["both_done_s"] < 10 and math.isfinite(burst["last_later_s"])
     assert result["simulated"]["last_later_s"] == 0 and 2.5 < result["simulated"]["both_done_s"] < 4
