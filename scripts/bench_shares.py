@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Two BytePS workers in step: do they get equal shares of the server's link?
+"""Two BytePS workers bursting together: do they get equal shares of the server's link, and what does
+a lead buy the worker ahead?
 
 The simulator shares each direction of a server's link equally between the workers' connections
 (``SharedServerNetwork``, processor sharing), so two workers that push the same bytes at the same
 moment finish together. This benchmark asks the real engine: on the one-machine cluster (two workers,
 one server, 200 Mbit/s links), both workers issue the same burst of BytePS push_pulls (nine of 2 MiB,
-about a BytePS-MXNet transformer's gradients) at the same moment, ``--reps`` times after a barrier
-and a pause, under each TCP congestion control asked for, on ``--clusters`` fresh clusters each;
-each worker records when each of its push_pulls completed. Per burst: how much later worker 1's first and last answers came than worker
-0's, beside the simulator's (the calibrated engine, ``burst_done_s``). Results:
-docs/replay/shares.json and a table.
+about a BytePS-MXNet transformer's gradients), worker 1 ``--leads`` seconds after worker 0 (0: at
+the same moment), ``--reps`` times per lead after a barrier and a pause, under each TCP congestion
+control asked for, on ``--clusters`` fresh clusters each; each worker records when each of its
+push_pulls completed. Per burst, on the clock both workers share and from worker 0's start: each
+worker's first and last answer, beside the simulator's (the calibrated engine, ``burst_done_s``).
+Results: docs/replay/shares.json and a table.
 
     scripts/bench_shares.py                        # BBR and CUBIC, two clusters of 10 bursts each (4 minutes, root)
-    scripts/bench_shares.py --tcp cubic --reps 5 --clusters 1
+    scripts/bench_shares.py --tcp bbr --leads 0,0.1,0.2,0.3,0.45 --clusters 1
 """
 from __future__ import annotations
 
@@ -37,9 +39,10 @@ ENGINES = {"bbr": "engine_byteps.json", "cubic": "engine_byteps_cubic.json"}  # 
 
 
 # -- on each worker (``--worker``, started by ``cluster run``) -------------------------------------------
-def worker(reps: int, out_prefix: str) -> None:
-    """Burst ``reps`` times; write each burst's start (the machine's monotonic clock, which both
-    workers share) and its push_pulls' completions (seconds after it) to ``out_prefix``.rankR.json."""
+def worker(reps: int, leads: list[float], out_prefix: str) -> None:
+    """Burst ``reps`` times per lead (worker 1 that much after worker 0); write each burst's lead, its
+    start (the machine's monotonic clock, which both workers share) and its push_pulls' completions
+    (seconds after it) to ``out_prefix``.rankR.json."""
     import torch
     import byteps.torch as bps
     import byteps.torch.ops as ops
@@ -66,74 +69,101 @@ def worker(reps: int, out_prefix: str) -> None:
 
     burst()  # warm-up: every key initialised on the server
     bursts = []
-    for _ in range(reps):
-        barrier()
-        time.sleep(PAUSE_S)
-        barrier()
-        start, done = burst()
-        bursts.append({"start": round(start, 6), "done_s": done})
+    for lead in leads:
+        for _ in range(reps):
+            barrier()
+            time.sleep(PAUSE_S)
+            barrier()
+            if bps.rank() == 1:
+                time.sleep(lead)
+            start, done = burst()
+            bursts.append({"lead": lead, "start": round(start, 6), "done_s": done})
     Path(f"{out_prefix}.rank{bps.rank()}.json").write_text(json.dumps(bursts))
     bps.shutdown()
 
 
 # -- the summary --------------------------------------------------------------------------------------
-def later_s(first: list[dict], second: list[dict]) -> list[dict]:
-    """Per burst, how much later (seconds, on the shared clock) the second worker's first and last
-    answers came than the first worker's, and when the slower of the two finished."""
+def answers_s(first: list[dict], second: list[dict]) -> list[dict]:
+    """Per burst, on the clock both workers share and from worker 0's start: worker 1's lead (when it
+    started), each worker's first and last answer, and how much later worker 1's last came."""
     rows = []
     for a, b in zip(first, second):
-        start = min(a["start"], b["start"])
-        ends = [(w["start"] - start + w["done_s"][0], w["start"] - start + w["done_s"][-1]) for w in (a, b)]
-        rows.append({"first_later_s": round(ends[1][0] - ends[0][0], 4),
-                     "last_later_s": round(ends[1][1] - ends[0][1], 4),
-                     "both_done_s": round(max(ends[0][1], ends[1][1]), 4)})
+        ends = [(w["start"] - a["start"] + w["done_s"][0], w["start"] - a["start"] + w["done_s"][-1]) for w in (a, b)]
+        rows.append({"lead": a.get("lead", 0.0), "lead_s": round(b["start"] - a["start"], 4),
+                     "first_s": [round(e[0], 4) for e in ends], "last_s": [round(e[1], 4) for e in ends],
+                     "last_later_s": round(ends[1][1] - ends[0][1], 4)})
     return rows
 
 
 def summary(rows: list[dict]) -> dict:
-    later = [r["last_later_s"] for r in rows]
-    return {"bursts": len(rows), "last_later_median_s": round(statistics.median(later), 4),
-            "last_later_mean_s": round(statistics.mean(later), 4),
-            "last_later_sd_s": round(statistics.pstdev(later), 4),
-            "last_later_abs_median_s": round(statistics.median(abs(x) for x in later), 4),
-            "both_done_median_s": round(statistics.median(r["both_done_s"] for r in rows), 4)}
+    """Per lead: the medians of each worker's first and last answer, and how much later worker 1's
+    last answer came than worker 0's (median, mean, spread)."""
+    out = {}
+    for lead in dict.fromkeys(r["lead"] for r in rows):
+        mine = [r for r in rows if r["lead"] == lead]
+        later = [r["last_later_s"] for r in mine]
+
+        def median(key: str, w: int) -> float:
+            return round(statistics.median(r[key][w] for r in mine), 4)
+
+        out[f"{lead:g}"] = {"bursts": len(mine), "first_s": [median("first_s", 0), median("first_s", 1)],
+                            "last_s": [median("last_s", 0), median("last_s", 1)],
+                            "last_later_median_s": round(statistics.median(later), 4),
+                            "last_later_mean_s": round(statistics.mean(later), 4),
+                            "last_later_sd_s": round(statistics.pstdev(later), 4)}
+    return out
 
 
-def simulated(engine_file: Path) -> dict:
-    """The same burst in the simulator, with the engine calibrated under that TCP."""
+def simulated(engine_file: Path, leads: list[float]) -> dict:
+    """The same bursts in the simulator, with the engine calibrated under that TCP."""
     from byteps_prophet.core.engine import load_engine
     from byteps_prophet.sim.engine import burst_done_s
 
     traits = load_engine(str(engine_file))
-    done = burst_done_s(traits, traits.bandwidth_bytes_per_s, 2, OP_ELEMENTS * 4, OPS)
-    return {"engine": os.path.relpath(engine_file, ROOT), "last_later_s": round(done[1][-1] - done[0][-1], 4),
-            "both_done_s": round(max(done[0][-1], done[1][-1]), 4)}
+    out = {"engine": os.path.relpath(engine_file, ROOT)}
+    for lead in leads:
+        done = burst_done_s(traits, traits.bandwidth_bytes_per_s, 2, OP_ELEMENTS * 4, OPS, starts=(0.0, lead))
+        out[f"{lead:g}"] = {"first_s": [round(d[0], 4) for d in done], "last_s": [round(d[-1], 4) for d in done]}
+    return out
 
 
 # -- the driver ---------------------------------------------------------------------------------------------
-def measure(tcp: str, reps: int, folder: Path) -> list[dict]:
+def measure(tcp: str, reps: int, leads: list[float], folder: Path) -> list[dict]:
     folder.mkdir(parents=True, exist_ok=True)
-    prefix = folder / tcp
+    prefix, bursts = folder / tcp, reps * len(leads)
     argv = bench_replay.cli("cluster", "run", "--workers", "2", "--servers", "1", "--bandwidth", BANDWIDTH,
-                            "--engine", "byteps", "--tcp-congestion", tcp, "--timeout", str(120 + 10 * reps),
+                            "--engine", "byteps", "--tcp-congestion", tcp, "--timeout", str(120 + 5 * bursts),
                             "--", sys.executable, str(Path(__file__).resolve()), "--worker", str(prefix),
-                            "--reps", str(reps))
-    bench_replay.run(argv, locked=True, timeout=180 + 10 * reps)
+                            "--reps", str(reps), "--leads", ",".join(f"{lead:g}" for lead in leads))
+    bench_replay.run(argv, locked=True, timeout=180 + 5 * bursts)
     first, second = (json.loads(Path(f"{prefix}.rank{r}.json").read_text()) for r in (0, 1))
-    return later_s(first, second)
+    return answers_s(first, second)
 
 
 def table(results: dict) -> str:
-    lines = ["| TCP | cluster | bursts | worker 1's last answer later (median, sd) | both done (median) | "
-             "simulated: later, both done |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| TCP | cluster | worker 1's lead | bursts | first answers (0, 1) | last answers (0, 1) | "
+             "worker 1's last later (median, sd) | simulated: first, last answers |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    pair = lambda v: f"{v[0]:.2f}, {v[1]:.2f} s"  # noqa: E731
     for tcp, r in results["tcp"].items():
         sim = r["simulated"]
         for k, cluster in enumerate(r["clusters"]):
-            s = cluster["summary"]
-            lines.append(f"| {tcp if k == 0 else ''} | {k} | {s['bursts']} | {s['last_later_median_s']:+.3f} s "
-                         f"({s['last_later_sd_s']:.3f}) | {s['both_done_median_s']:.3f} s | "
-                         f"{sim['last_later_s']:+.3f} s, {sim['both_done_s']:.3f} s |")
+            for n, (lead, s) in enumerate(cluster["summary"].items()):
+                label = tcp if k == 0 and n == 0 else ""
+                lines.append(f"| {label} | {k if n == 0 else ''} | {lead} s | {s['bursts']} | {pair(s['first_s'])} | "
+                             f"{pair(s['last_s'])} | {s['last_later_median_s']:+.3f} s ({s['last_later_sd_s']:.3f}) | "
+                             f"{pair(sim[lead]['first_s'])}; {pair(sim[lead]['last_s'])} |")
     return "\n".join(lines)
+
+
+def parse_leads(text: str) -> list[float]:
+    try:
+        leads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        leads = []
+    if not leads or not all(0 <= lead < 10 for lead in leads):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; valid: comma-separated seconds in [0, 10), e.g. 0,0.2")
+    return leads
 
 
 def main(argv=None) -> int:
@@ -141,7 +171,9 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tcp", default="bbr,cubic",
                         help="comma-separated TCP congestion controls (default bbr,cubic)")
-    parser.add_argument("--reps", type=int, default=10, help="bursts per cluster (default 10)")
+    parser.add_argument("--reps", type=int, default=10, help="bursts per lead and cluster (default 10)")
+    parser.add_argument("--leads", type=parse_leads, default=[0.0],
+                        help="comma-separated seconds worker 1 starts its burst after worker 0 (default 0)")
     parser.add_argument("--clusters", type=int, default=2,
                         help="fresh clusters per TCP, one after the other (default 2)")
     parser.add_argument("--out", default=str(OUT), help=f"results file (default {os.path.relpath(OUT, ROOT)})")
@@ -151,7 +183,7 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)} is invalid; valid: an integer >= 1")
     if args.worker:
-        worker(args.reps, args.worker)
+        worker(args.reps, args.leads, args.worker)
         return 0
     tcps = [t.strip() for t in args.tcp.split(",") if t.strip()]
     if not tcps:
@@ -162,11 +194,11 @@ def main(argv=None) -> int:
         for tcp in tcps:
             clusters = []
             for k in range(args.clusters):
-                rows = measure(tcp, args.reps, Path(folder) / str(k))
+                rows = measure(tcp, args.reps, args.leads, Path(folder) / str(k))
                 clusters.append({"bursts": rows, "summary": summary(rows)})
                 bench_replay.log(f"{tcp}, cluster {k}: {clusters[-1]['summary']}")
             engine = bench_replay.OUT / ENGINES.get(tcp, "engine_byteps.json")
-            results["tcp"][tcp] = {"clusters": clusters, "simulated": simulated(engine)}
+            results["tcp"][tcp] = {"clusters": clusters, "simulated": simulated(engine, args.leads)}
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
     return 0

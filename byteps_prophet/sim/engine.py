@@ -527,10 +527,11 @@ def stream_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_b
     return done
 
 
-def burst_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_bytes: int, ops: int) -> list[list[float]]:
+def burst_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_bytes: int, ops: int,
+                 starts: Sequence[float] | None = None) -> list[list[float]]:
     """When each worker of a parameter server, every one on its own port of the servers' shared links
-    (``SharedServerNetwork``), completes each of ``ops`` ops of ``tensor_bytes`` it sends at once at
-    time 0 with the others: workers in step, as scripts/bench_shares.py measures them."""
+    (``SharedServerNetwork``), completes each of ``ops`` ops of ``tensor_bytes`` it sends at once, at
+    its time in ``starts`` (default: all at 0, in step), as scripts/bench_shares.py measures them."""
     loop = EventLoop()
     network = SharedServerNetwork(workers, traits, Conditions(bandwidth), 0.0, loop.at, loop.now)
     done: list[list[float]] = [[] for _ in range(workers)]
@@ -538,6 +539,6 @@ def burst_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_by
         port = network.port(w)
         port.on_finished = lambda _task, mine=done[w]: mine.append(loop.time)
         tasks = [Task(f"op{i}", i, (max(1, tensor_bytes // 4),)) for i in range(ops)]
-        loop.at(0.0, lambda _, port=port, tasks=tasks: [port.send(task) for task in tasks])
+        loop.at(starts[w] if starts else 0.0, lambda _, port=port, tasks=tasks: [port.send(task) for task in tasks])
     loop.run()
     return done

@@ -19,21 +19,26 @@ def bench():
 
 def test_a_burst_is_read_on_the_clock_both_workers_share(bench):
     """Worker 1 started its burst 0.01 s after worker 0; its answers, 1.0 and 2.5 s into its own burst,
-    came 0.21 and 0.41 s after worker 0's (0.8 and 2.1 s into worker 0's)."""
-    first = [{"start": 100.0, "done_s": [0.8, 1.5, 2.1]}, {"start": 200.0, "done_s": [1.0, 3.0]}]
-    second = [{"start": 100.01, "done_s": [1.0, 1.7, 2.5]}, {"start": 200.0, "done_s": [0.9, 2.6]}]
-    rows = bench.later_s(first, second)
-    assert rows[0] == {"first_later_s": pytest.approx(0.21), "last_later_s": pytest.approx(0.41),
-                       "both_done_s": pytest.approx(2.51)}
-    assert rows[1]["last_later_s"] == pytest.approx(-0.4) and rows[1]["both_done_s"] == pytest.approx(3.0)
+    came 1.01 and 2.51 s after worker 0 started (whose came 0.8 and 2.1 s in): 0.41 s later."""
+    first = [{"lead": 0.0, "start": 100.0, "done_s": [0.8, 1.5, 2.1]}, {"lead": 0.0, "start": 200.0, "done_s": [1.0, 3.0]},
+             {"lead": 0.3, "start": 300.0, "done_s": [1.2, 2.5]}]
+    second = [{"lead": 0.0, "start": 100.01, "done_s": [1.0, 1.7, 2.5]}, {"lead": 0.0, "start": 200.0, "done_s": [0.9, 2.6]},
+              {"lead": 0.3, "start": 300.3, "done_s": [1.5, 2.5]}]
+    rows = bench.answers_s(first, second)
+    assert rows[0]["first_s"] == pytest.approx([0.8, 1.01]) and rows[0]["last_s"] == pytest.approx([2.1, 2.51])
+    assert rows[0]["last_later_s"] == pytest.approx(0.41) and rows[0]["lead_s"] == pytest.approx(0.01)
+    assert rows[1]["last_later_s"] == pytest.approx(-0.4)
+    assert rows[2]["lead"] == 0.3 and rows[2]["last_s"] == pytest.approx([2.5, 2.8])
     summary = bench.summary(rows)
-    assert summary["bursts"] == 2 and summary["last_later_mean_s"] == pytest.approx(0.005)
-    assert summary["last_later_abs_median_s"] == pytest.approx(0.405)
-    assert summary["last_later_sd_s"] == pytest.approx(0.405)
+    assert list(summary) == ["0", "0.3"] and summary["0"]["bursts"] == 2 and summary["0.3"]["bursts"] == 1
+    assert summary["0"]["last_later_mean_s"] == pytest.approx(0.005)
+    assert summary["0"]["last_later_sd_s"] == pytest.approx(0.405)
+    assert summary["0"]["last_s"] == pytest.approx([2.55, 2.555])
 
 
 def test_misuse_is_one_line_and_exit_2(bench, capsys):
-    for argv, culprit in ((["--reps", "0"], "--reps 0"), (["--clusters", "0"], "--clusters 0"), (["--tcp", ","], "--tcp")):
+    for argv, culprit in ((["--reps", "0"], "--reps 0"), (["--clusters", "0"], "--clusters 0"), (["--tcp", ","], "--tcp"),
+                          (["--leads", "0,x"], "'0,x' is invalid")):
         with pytest.raises(SystemExit) as exit_:
             bench.main(argv)
         err = capsys.readouterr().err.strip().splitlines()
@@ -47,9 +52,12 @@ def test_two_real_workers_burst_and_both_report(bench, tmp_path):
     simulator's equal shares finish both workers together."""
     tcp = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     out = tmp_path / "shares.json"
-    assert bench.main(["--tcp", tcp, "--reps", "2", "--clusters", "1", "--out", str(out)]) == 0
+    assert bench.main(["--tcp", tcp, "--reps", "1", "--leads", "0,0.3", "--clusters", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())["tcp"][tcp]
-    assert len(result["clusters"]) == 1 and len(result["clusters"][0]["bursts"]) == 2
-    for burst in result["clusters"][0]["bursts"]:
-        assert 1.5 < burst["both_done_s"] < 10 and math.isfinite(burst["last_later_s"])
-    assert result["simulated"]["last_later_s"] == 0 and 2.5 < result["simulated"]["both_done_s"] < 4
+    bursts = result["clusters"][0]["bursts"]
+    assert [b["lead"] for b in bursts] == [0, 0.3] and bursts[1]["lead_s"] == pytest.approx(0.3, abs=0.1)
+    for burst in bursts:
+        assert all(1.5 < t < 10 for t in burst["last_s"]) and math.isfinite(burst["last_later_s"])
+    simulated = result["simulated"]
+    assert simulated["0"]["last_s"][0] == simulated["0"]["last_s"][1] and 2.5 < simulated["0"]["last_s"][0] < 4
+    assert simulated["0.3"]["first_s"][0] < simulated["0"]["first_s"][0]  # a lead's first answer comes sooner
