@@ -2,13 +2,24 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 SWITCH_RUNS = ("unset", "bytescheduler", "prophet")
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module, so that a benchmark's bookkeeping is tested without running it."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,10 @@
 """scripts/plot_results.py: README's plot from the committed simulator grid."""
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "plot_results.py"
-spec = importlib.util.spec_from_file_location("plot_results", SCRIPT)
-plot_results = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(plot_results)
+from tests.conftest import SCRIPTS, load_script
+
+SCRIPT = SCRIPTS / "plot_results.py"
+plot_results = load_script("plot_results")
 
 
 def test_speedups_are_fifo_over_each_schedule_from_the_grid():

@@ -1,21 +1,16 @@
 """scripts/bench_replay.py's bookkeeping: the order check and the simulator's link from an engine."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from byteps_prophet.core.engine import EngineTraits, save_engine
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_replay.py"
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_replay", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_replay")
 
 
 def rows(measured, predicted):

@@ -1,20 +1,16 @@
 """scripts/bench_shares.py: two workers' bursts read on their shared clock, and the real run."""
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_shares.py"
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_shares", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_shares")
 
 
 def test_a_burst_is_read_on_the_clock_both_workers_share(bench):
