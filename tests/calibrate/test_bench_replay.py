@@ -1,6 +1,5 @@
 """scripts/bench_replay.py's bookkeeping: the order check and the simulator's link from an engine."""
 import json
-from pathlib import Path
 
 import pytest
 
