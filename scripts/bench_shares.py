@@ -11,7 +11,8 @@ the same moment), ``--reps`` times per lead after a barrier and a pause, under e
 control asked for, on ``--clusters`` fresh clusters each; each worker records when each of its
 push_pulls completed. Per burst, on the clock both workers share and from worker 0's start: each
 worker's first and last answer, beside the simulator's (the calibrated engine, ``burst_done_s``).
-Results: docs/replay/shares.json and a table.
+Results: docs/replay/shares.json (``--out``) and a table; the runs docs/ENGINE.md cites are kept as
+docs/replay/shares-*.json, each with its commit and command.
 
     scripts/bench_shares.py                        # BBR and CUBIC, two clusters of 10 bursts each (4 minutes, root)
     scripts/bench_shares.py --tcp bbr --leads 0,0.1,0.2,0.3,0.45 --clusters 1
