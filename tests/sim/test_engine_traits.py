@@ -322,7 +322,8 @@ def test_workers_bursting_in_step_share_the_server_equally_and_finish_together()
     """``burst_done_s``, two workers each sending four 1 MB ops at once on the shared server links (what
     scripts/bench_shares.py measures on the real engine): each direction shared equally, every pull
     behind every push, so both workers get the same answers at the same moments, 5 to 8 pushes' time
-    (as one representative's burst), and at half the rate twice as late."""
+    (as one representative's burst), and at half the rate twice as late; a worker ahead has the link to
+    itself until the other starts."""
     from byteps_prophet.sim.engine import burst_done_s
 
     engine = EngineTraits(stages=2, pulls_follow_pushes=True, backpressure=True, servers=1)
@@ -330,6 +331,10 @@ def test_workers_bursting_in_step_share_the_server_equally_and_finish_together()
     first, second = burst_done_s(engine, RATE, 2, 1_000_000, 4)
     assert first == pytest.approx([5 * push, 6 * push, 7 * push, 8 * push]) and second == pytest.approx(first)
     assert burst_done_s(engine, RATE / 2, 2, 1_000_000, 4)[0] == pytest.approx([2 * t for t in first])
+    # Worker 1 four pushes late: worker 0 pushes alone (1 ms each), its answers follow worker 1's pushes
+    # one by one, the last shared with worker 1's first; worker 1's come after its own pushes.
+    early, late = burst_done_s(engine, RATE, 2, 1_000_000, 4, starts=(0.0, 0.004))
+    assert early == pytest.approx([0.006, 0.007, 0.008, 0.010]) and late == pytest.approx([0.010, 0.011, 0.012, 0.013])
 
 
 def test_bytes_move_slower_while_the_worker_computes():
