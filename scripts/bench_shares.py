@@ -7,8 +7,9 @@ The simulator shares each direction of a server's link equally between the worke
 moment finish together. This benchmark asks the real engine: on the one-machine cluster (two workers,
 one server, 200 Mbit/s links), both workers issue the same burst of BytePS push_pulls (nine of 2 MiB,
 about a BytePS-MXNet transformer's gradients), worker 1 ``--leads`` seconds after worker 0 (0: at
-the same moment), ``--reps`` times per lead after a barrier and a pause, under each TCP congestion
-control asked for, on ``--clusters`` fresh clusters each; each worker records when each of its
+the same moment), ``--reps`` times per lead after a barrier and a pause (with ``--chain N``, N
+bursts back to back each time, as a worker that computes nothing would train), under each TCP
+congestion control asked for, on ``--clusters`` fresh clusters each; each worker records when each of its
 push_pulls completed. Per burst, on the clock both workers share and from worker 0's start: each
 worker's first and last answer, beside the simulator's (the calibrated engine, ``burst_done_s``).
 Results: docs/replay/shares.json (``--out``) and a table; the runs docs/ENGINE.md cites are kept as
@@ -16,6 +17,7 @@ docs/replay/shares-*.json, each with its commit and command.
 
     scripts/bench_shares.py                        # BBR and CUBIC, two clusters of 10 bursts each (4 minutes, root)
     scripts/bench_shares.py --tcp bbr --leads 0,0.1,0.2,0.3,0.45 --clusters 1
+    scripts/bench_shares.py --tcp bbr --leads 0.2,0.6 --chain 6 --reps 3   # do the workers stay that far apart?
 """
 from __future__ import annotations
 
@@ -40,10 +42,11 @@ ENGINES = {"bbr": "engine_byteps.json", "cubic": "engine_byteps_cubic.json"}  # 
 
 
 # -- on each worker (``--worker``, started by ``cluster run``) -------------------------------------------
-def worker(reps: int, leads: list[float], out_prefix: str) -> None:
-    """Burst ``reps`` times per lead (worker 1 that much after worker 0); write each burst's lead, its
-    start (the machine's monotonic clock, which both workers share) and its push_pulls' completions
-    (seconds after it) to ``out_prefix``.rankR.json."""
+def worker(reps: int, leads: list[float], chain: int, out_prefix: str) -> None:
+    """Burst ``reps`` times per lead (worker 1 that much after worker 0), each time ``chain`` bursts back
+    to back (the next as the last answer of the one before comes); write each burst's lead, its place
+    in the chain, its start (the machine's monotonic clock, which both workers share) and its
+    push_pulls' completions (seconds after it) to ``out_prefix``.rankR.json."""
     import torch
     import byteps.torch as bps
     import byteps.torch.ops as ops
@@ -77,8 +80,9 @@ def worker(reps: int, leads: list[float], out_prefix: str) -> None:
             barrier()
             if bps.rank() == 1:
                 time.sleep(lead)
-            start, done = burst()
-            bursts.append({"lead": lead, "start": round(start, 6), "done_s": done})
+            for k in range(chain):
+                start, done = burst()
+                bursts.append({"lead": lead, "k": k, "start": round(start, 6), "done_s": done})
     Path(f"{out_prefix}.rank{bps.rank()}.json").write_text(json.dumps(bursts))
     bps.shutdown()
 
@@ -86,22 +90,27 @@ def worker(reps: int, leads: list[float], out_prefix: str) -> None:
 # -- the summary --------------------------------------------------------------------------------------
 def answers_s(first: list[dict], second: list[dict]) -> list[dict]:
     """Per burst, on the clock both workers share and from worker 0's start: worker 1's lead (when it
-    started), each worker's first and last answer, and how much later worker 1's last came."""
+    started), each worker's first and last answer, and how much later worker 1's last came; with its
+    place in its chain and both workers' starts (the clock's own)."""
     rows = []
     for a, b in zip(first, second):
         ends = [(w["start"] - a["start"] + w["done_s"][0], w["start"] - a["start"] + w["done_s"][-1]) for w in (a, b)]
-        rows.append({"lead": a.get("lead", 0.0), "lead_s": round(b["start"] - a["start"], 4),
+        rows.append({"lead": a.get("lead", 0.0), "k": a.get("k", 0), "starts": [a["start"], b["start"]],
+                     "lead_s": round(b["start"] - a["start"], 4),
                      "first_s": [round(e[0], 4) for e in ends], "last_s": [round(e[1], 4) for e in ends],
                      "last_later_s": round(ends[1][1] - ends[0][1], 4)})
     return rows
 
 
 def summary(rows: list[dict]) -> dict:
-    """Per lead: the medians of each worker's first and last answer, and how much later worker 1's
-    last answer came than worker 0's (median, mean, spread)."""
+    """Per lead, over the first burst of each chain (after a pause): the medians of each worker's first
+    and last answer, and how much later worker 1's last answer came than worker 0's (median, mean,
+    spread). Where bursts were chained: each worker's period (the median time from one burst of a
+    chain to the next) and worker 1's lead at each place in the chain (median)."""
     out = {}
     for lead in dict.fromkeys(r["lead"] for r in rows):
-        mine = [r for r in rows if r["lead"] == lead]
+        chained = [r for r in rows if r["lead"] == lead]
+        mine = [r for r in chained if r["k"] == 0]
         later = [r["last_later_s"] for r in mine]
 
         def median(key: str, w: int) -> float:
@@ -112,30 +121,51 @@ def summary(rows: list[dict]) -> dict:
                             "last_later_median_s": round(statistics.median(later), 4),
                             "last_later_mean_s": round(statistics.mean(later), 4),
                             "last_later_sd_s": round(statistics.pstdev(later), 4)}
+        if any(r["k"] for r in chained):
+            out[f"{lead:g}"]["chain"] = chain_summary(chained)
     return out
 
 
-def simulated(engine_file: Path, leads: list[float]) -> dict:
-    """The same bursts in the simulator, with the engine calibrated under that TCP."""
+def chain_summary(rows: list[dict]) -> dict:
+    """Of chained bursts (in order, each chain from k = 0): each worker's median period, and worker 1's
+    median lead at each place in the chain."""
+    periods: list[list[float]] = [[], []]
+    for before, after in zip(rows, rows[1:]):
+        if after["k"] == before["k"] + 1:
+            for w in (0, 1):
+                periods[w].append(after["starts"][w] - before["starts"][w])
+    places = sorted({r["k"] for r in rows})
+    return {"period_s": [round(statistics.median(p), 4) for p in periods],
+            "lead_s": [round(statistics.median(r["lead_s"] for r in rows if r["k"] == k), 4) for k in places]}
+
+
+def simulated(engine_file: Path, leads: list[float], chain: int = 1) -> dict:
+    """The same bursts (and chains) in the simulator, with the engine calibrated under that TCP."""
     from byteps_prophet.core.engine import load_engine
-    from byteps_prophet.sim.engine import burst_done_s
+    from byteps_prophet.sim.engine import bursts_done_s
 
     traits = load_engine(str(engine_file))
     out = {"engine": os.path.relpath(engine_file, ROOT)}
     for lead in leads:
-        done = burst_done_s(traits, traits.bandwidth_bytes_per_s, 2, OP_ELEMENTS * 4, OPS, starts=(0.0, lead))
-        out[f"{lead:g}"] = {"first_s": [round(d[0], 4) for d in done], "last_s": [round(d[-1], 4) for d in done]}
+        runs = bursts_done_s(traits, traits.bandwidth_bytes_per_s, 2, OP_ELEMENTS * 4, OPS, chain, starts=(0.0, lead))
+        first = [r[0][1] for r in runs]
+        out[f"{lead:g}"] = {"first_s": [round(d[0], 4) for d in first], "last_s": [round(d[-1], 4) for d in first]}
+        if chain > 1:
+            rows = [{"k": k, "starts": [runs[0][k][0], runs[1][k][0]], "lead_s": runs[1][k][0] - runs[0][k][0]}
+                    for k in range(chain)]
+            out[f"{lead:g}"]["chain"] = chain_summary(rows)
     return out
 
 
 # -- the driver ---------------------------------------------------------------------------------------------
-def measure(tcp: str, reps: int, leads: list[float], folder: Path) -> list[dict]:
+def measure(tcp: str, reps: int, leads: list[float], chain: int, folder: Path) -> list[dict]:
     folder.mkdir(parents=True, exist_ok=True)
-    prefix, bursts = folder / tcp, reps * len(leads)
+    prefix, bursts = folder / tcp, reps * len(leads) * chain
     argv = bench_replay.cli("cluster", "run", "--workers", "2", "--servers", "1", "--bandwidth", BANDWIDTH,
                             "--engine", "byteps", "--tcp-congestion", tcp, "--timeout", str(120 + 5 * bursts),
                             "--", sys.executable, str(Path(__file__).resolve()), "--worker", str(prefix),
-                            "--reps", str(reps), "--leads", ",".join(f"{lead:g}" for lead in leads))
+                            "--reps", str(reps), "--leads", ",".join(f"{lead:g}" for lead in leads),
+                            "--chain", str(chain))
     bench_replay.run(argv, locked=True, timeout=180 + 5 * bursts)
     first, second = (json.loads(Path(f"{prefix}.rank{r}.json").read_text()) for r in (0, 1))
     return answers_s(first, second)
@@ -154,6 +184,14 @@ def table(results: dict) -> str:
                 lines.append(f"| {label} | {k if n == 0 else ''} | {lead} s | {s['bursts']} | {pair(s['first_s'])} | "
                              f"{pair(s['last_s'])} | {s['last_later_median_s']:+.3f} s ({s['last_later_sd_s']:.3f}) | "
                              f"{pair(sim[lead]['first_s'])}; {pair(sim[lead]['last_s'])} |")
+    chains = [(tcp, k, lead, s["chain"], r["simulated"][lead]["chain"]) for tcp, r in results["tcp"].items()
+              for k, cluster in enumerate(r["clusters"]) for lead, s in cluster["summary"].items() if "chain" in s]
+    if chains:
+        lines += ["", "| TCP | cluster | worker 1's lead | periods (0, 1) | simulated | worker 1's lead, burst by burst | simulated |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {tcp} | {k} | {lead} s | {pair(c['period_s'])} | {pair(sim['period_s'])} | "
+                  f"{' '.join(f'{x:.2f}' for x in c['lead_s'])} | {' '.join(f'{x:.2f}' for x in sim['lead_s'])} |"
+                  for tcp, k, lead, c, sim in chains]
     return "\n".join(lines)
 
 
@@ -175,16 +213,19 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=10, help="bursts per lead and cluster (default 10)")
     parser.add_argument("--leads", type=parse_leads, default=[0.0],
                         help="comma-separated seconds worker 1 starts its burst after worker 0 (default 0)")
+    parser.add_argument("--chain", type=int, default=1,
+                        help="bursts back to back after each pause, each as the last answer of the one before "
+                             "comes (default 1)")
     parser.add_argument("--clusters", type=int, default=2,
                         help="fresh clusters per TCP, one after the other (default 2)")
     parser.add_argument("--out", default=str(OUT), help=f"results file (default {os.path.relpath(OUT, ROOT)})")
     parser.add_argument("--worker", metavar="PREFIX", help=argparse.SUPPRESS)  # on each worker of the cluster
     args = parser.parse_args(argv)
-    for name in ("reps", "clusters"):
+    for name in ("reps", "clusters", "chain"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)} is invalid; valid: an integer >= 1")
     if args.worker:
-        worker(args.reps, args.leads, args.worker)
+        worker(args.reps, args.leads, args.chain, args.worker)
         return 0
     tcps = [t.strip() for t in args.tcp.split(",") if t.strip()]
     if not tcps:
@@ -195,11 +236,11 @@ def main(argv=None) -> int:
         for tcp in tcps:
             clusters = []
             for k in range(args.clusters):
-                rows = measure(tcp, args.reps, args.leads, Path(folder) / str(k))
+                rows = measure(tcp, args.reps, args.leads, args.chain, Path(folder) / str(k))
                 clusters.append({"bursts": rows, "summary": summary(rows)})
                 bench_replay.log(f"{tcp}, cluster {k}: {clusters[-1]['summary']}")
             engine = bench_replay.OUT / ENGINES.get(tcp, "engine_byteps.json")
-            results["tcp"][tcp] = {"clusters": clusters, "simulated": simulated(engine, args.leads)}
+            results["tcp"][tcp] = {"clusters": clusters, "simulated": simulated(engine, args.leads, args.chain)}
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
     return 0

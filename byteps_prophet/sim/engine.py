@@ -532,13 +532,32 @@ def burst_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_by
     """When each worker of a parameter server, every one on its own port of the servers' shared links
     (``SharedServerNetwork``), completes each of ``ops`` ops of ``tensor_bytes`` it sends at once, at
     its time in ``starts`` (default: all at 0, in step), as scripts/bench_shares.py measures them."""
+    return [runs[0][1] for runs in bursts_done_s(traits, bandwidth, workers, tensor_bytes, ops, 1, starts)]
+
+
+def bursts_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_bytes: int, ops: int, bursts: int,
+                  starts: Sequence[float] | None = None) -> list[list[tuple[float, list[float]]]]:
+    """``burst_done_s`` ``bursts`` times back to back: each worker sends its next burst as the last
+    answer of its previous one comes. Per worker, per burst: when it was sent and when each op
+    completed (the same op of every worker answered once all pushed it in that burst)."""
     loop = EventLoop()
     network = SharedServerNetwork(workers, traits, Conditions(bandwidth), 0.0, loop.at, loop.now)
-    done: list[list[float]] = [[] for _ in range(workers)]
+    runs: list[list[tuple[float, list[float]]]] = [[] for _ in range(workers)]
+
+    def send(worker: int) -> None:
+        burst = len(runs[worker])
+        runs[worker].append((loop.time, []))
+        for i in range(ops):
+            network.port(worker).send(Task(f"op{i}", i, (max(1, tensor_bytes // 4),), iteration=burst))
+
+    def finished(worker: int) -> None:
+        done = runs[worker][-1][1]
+        done.append(loop.time)
+        if len(done) == ops and len(runs[worker]) < bursts:
+            send(worker)
+
     for w in range(workers):
-        port = network.port(w)
-        port.on_finished = lambda _task, mine=done[w]: mine.append(loop.time)
-        tasks = [Task(f"op{i}", i, (max(1, tensor_bytes // 4),)) for i in range(ops)]
-        loop.at(starts[w] if starts else 0.0, lambda _, port=port, tasks=tasks: [port.send(task) for task in tasks])
+        network.port(w).on_finished = lambda _task, w=w: finished(w)
+        loop.at(starts[w] if starts else 0.0, lambda _, w=w: send(w))
     loop.run()
-    return done
+    return runs

@@ -32,8 +32,29 @@ def test_a_burst_is_read_on_the_clock_both_workers_share(bench):
     assert summary["0"]["last_s"] == pytest.approx([2.55, 2.555])
 
 
+def test_chained_bursts_give_each_workers_period_and_worker_1s_lead_burst_by_burst(bench):
+    """Two chains of three bursts, worker 1 starting 0.2 s late and falling behind 0.1 s a burst in the
+    first, keeping its lead in the second; the simulator's chain, a pair 0.6 s apart, stays apart."""
+    def chain(t0, periods, leads):
+        starts = [t0 + sum(periods[:k]) for k in range(len(periods) + 1)]
+        first = [{"lead": 0.2, "k": k, "start": t, "done_s": [1.0, 2.0]} for k, t in enumerate(starts)]
+        second = [{"lead": 0.2, "k": k, "start": t + lead, "done_s": [1.0, 2.0]} for k, (t, lead) in enumerate(zip(starts, leads))]
+        return first, second
+
+    a1, b1 = chain(10.0, [2.0, 2.0], [0.2, 0.3, 0.4])
+    a2, b2 = chain(20.0, [3.0, 3.0], [0.2, 0.2, 0.2])
+    rows = bench.answers_s(a1 + a2, b1 + b2)
+    summary = bench.summary(rows)["0.2"]
+    assert summary["bursts"] == 2  # the first burst of each chain, after its pause
+    assert summary["chain"]["period_s"] == pytest.approx([2.5, 2.55])
+    assert summary["chain"]["lead_s"] == pytest.approx([0.2, 0.25, 0.3])
+    simulated = bench.simulated(bench.bench_replay.OUT / "engine_byteps.json", [0.6], chain=4)["0.6"]["chain"]
+    assert len(simulated["lead_s"]) == 4 and simulated["lead_s"][0] == pytest.approx(0.6)
+    assert all(lead > 0.3 for lead in simulated["lead_s"]) and 1.5 < simulated["period_s"][0] < 3.0
+
+
 def test_misuse_is_one_line_and_exit_2(bench, capsys):
-    for argv, culprit in ((["--reps", "0"], "--reps 0"), (["--clusters", "0"], "--clusters 0"), (["--tcp", ","], "--tcp"),
+    for argv, culprit in ((["--reps", "0"], "--reps 0"), (["--clusters", "0"], "--clusters 0"), (["--chain", "0"], "--chain 0"), (["--tcp", ","], "--tcp"),
                           (["--leads", "0,x"], "'0,x' is invalid")):
         with pytest.raises(SystemExit) as exit_:
             bench.main(argv)
