@@ -11,7 +11,7 @@ the same moment), ``--reps`` times per lead after a barrier and a pause (with ``
 bursts back to back each time, as a worker that computes nothing would train), under each TCP
 congestion control asked for, on ``--clusters`` fresh clusters each; each worker records when each of its
 push_pulls completed. Per burst, on the clock both workers share and from worker 0's start: each
-worker's first and last answer, beside the simulator's (the calibrated engine, ``burst_done_s``).
+worker's first and last answer, beside the simulator's (the calibrated engine, ``bursts_done_s``).
 Results: docs/replay/shares.json (``--out``) and a table; the runs docs/ENGINE.md cites are kept as
 docs/replay/shares-*.json, each with its commit and command.
 

@@ -527,19 +527,14 @@ def stream_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_b
     return done
 
 
-def burst_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_bytes: int, ops: int,
-                 starts: Sequence[float] | None = None) -> list[list[float]]:
-    """When each worker of a parameter server, every one on its own port of the servers' shared links
-    (``SharedServerNetwork``), completes each of ``ops`` ops of ``tensor_bytes`` it sends at once, at
-    its time in ``starts`` (default: all at 0, in step), as scripts/bench_shares.py measures them."""
-    return [runs[0][1] for runs in bursts_done_s(traits, bandwidth, workers, tensor_bytes, ops, 1, starts)]
-
-
 def bursts_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_bytes: int, ops: int, bursts: int,
                   starts: Sequence[float] | None = None) -> list[list[tuple[float, list[float]]]]:
-    """``burst_done_s`` ``bursts`` times back to back: each worker sends its next burst as the last
-    answer of its previous one comes. Per worker, per burst: when it was sent and when each op
-    completed (the same op of every worker answered once all pushed it in that burst)."""
+    """When each worker of a parameter server, every one on its own port of the servers' shared links
+    (``SharedServerNetwork``), completes each of ``ops`` ops of ``tensor_bytes`` it sends at once, at
+    its time in ``starts`` (default: all at 0, in step), ``bursts`` times back to back (its next burst
+    as the last answer of the one before comes), as scripts/bench_shares.py measures them. Per worker,
+    per burst: when it was sent and when each op completed (the same op of every worker answered once
+    all pushed it in that burst)."""
     loop = EventLoop()
     network = SharedServerNetwork(workers, traits, Conditions(bandwidth), 0.0, loop.at, loop.now)
     runs: list[list[tuple[float, list[float]]]] = [[] for _ in range(workers)]

@@ -54,7 +54,8 @@ def test_chained_bursts_give_each_workers_period_and_worker_1s_lead_burst_by_bur
 
 
 def test_misuse_is_one_line_and_exit_2(bench, capsys):
-    for argv, culprit in ((["--reps", "0"], "--reps 0"), (["--clusters", "0"], "--clusters 0"), (["--chain", "0"], "--chain 0"), (["--tcp", ","], "--tcp"),
+    for argv, culprit in ((["--reps", "0"], "--reps 0"), (["--clusters", "0"], "--clusters 0"),
+                          (["--chain", "0"], "--chain 0"), (["--tcp", ","], "--tcp"),
                           (["--leads", "0,x"], "'0,x' is invalid")):
         with pytest.raises(SystemExit) as exit_:
             bench.main(argv)
