@@ -7,17 +7,22 @@ The simulator shares each direction of a server's link equally between the worke
 moment finish together. This benchmark asks the real engine: on the one-machine cluster (two workers,
 one server, 200 Mbit/s links), both workers issue the same burst of BytePS push_pulls (nine of 2 MiB,
 about a BytePS-MXNet transformer's gradients), worker 1 ``--leads`` seconds after worker 0 (0: at
-the same moment), ``--reps`` times per lead after a barrier and a pause (with ``--chain N``, N
-bursts back to back each time, as a worker that computes nothing would train), under each TCP
+the same moment), ``--reps`` times per lead after a barrier and a ``--pause`` (with ``--chain N``, N
+bursts back to back each time, as a worker that computes nothing would train; with ``--gaps``, each
+burst's ops handed over one by one, as a backward pass hands over gradients), under each TCP
 congestion control asked for, on ``--clusters`` fresh clusters each; each worker records when each of its
-push_pulls completed. Per burst, on the clock both workers share and from worker 0's start: each
-worker's first and last answer, beside the simulator's (the calibrated engine, ``bursts_done_s``).
+push_pulls completed (and with ``--rates`` the bytes its link sent, every 5 ms). Per burst, on the
+clock both workers share and from worker 0's start: each worker's first and last answer, beside the
+simulator's (the calibrated engine, ``bursts_done_s``), and worker 1's share of the bytes sent in each
+0.1 s after it started.
 Results: docs/replay/shares.json (``--out``) and a table; the runs docs/ENGINE.md cites are kept as
 docs/replay/shares-*.json, each with its commit and command.
 
     scripts/bench_shares.py                        # BBR and CUBIC, two clusters of 10 bursts each (4 minutes, root)
     scripts/bench_shares.py --tcp bbr --leads 0,0.1,0.2,0.3,0.45 --clusters 1
     scripts/bench_shares.py --tcp bbr --leads 0.2,0.6 --chain 6 --reps 3   # do the workers stay that far apart?
+    scripts/bench_shares.py --tcp bbr --leads 0,0.2,0.45 --rates       # what share does the later worker take?
+    scripts/bench_shares.py --tcp bbr --leads 0.2 --pause 1 --gaps 0.1   # after 1 s idle, ops 0.1 s apart
 """
 from __future__ import annotations
 
@@ -37,22 +42,67 @@ import bench_replay  # noqa: E402  (the runner, the lock and the engines: one of
 OUT = bench_replay.OUT / "shares.json"
 OPS, OP_ELEMENTS = 9, 512 * 1024  # nine float32 push_pulls of 2 MiB each
 BANDWIDTH = "200mbit"
-PAUSE_S = 0.3  # between bursts, so that each starts on an idle link
+PAUSE_S = 0.3  # default idle between bursts, so that each starts on an idle link
 ENGINES = {"bbr": "engine_byteps.json", "cubic": "engine_byteps_cubic.json"}  # calibrated under each
 
 
 # -- on each worker (``--worker``, started by ``cluster run``) -------------------------------------------
-def worker(reps: int, leads: list[float], chain: int, out_prefix: str) -> None:
+class LinkSampler:
+    """This host's bytes sent and received (``/proc/net/dev``, its namespace's ``eth0``), sampled every
+    ``period`` seconds on a thread while in use: ``series`` holds (monotonic time, sent, received)."""
+
+    def __init__(self, device: str = "eth0", period: float = 0.005) -> None:
+        self.device, self.period, self.series = device, period, []
+        self._stop = None
+
+    def counters(self) -> tuple[int, int]:
+        for line in Path("/proc/net/dev").read_text().splitlines():
+            name, _, fields = line.partition(":")
+            if name.strip() == self.device:
+                values = fields.split()
+                return int(values[8]), int(values[0])
+        raise RuntimeError(f"no {self.device} in /proc/net/dev")
+
+    def __enter__(self) -> "LinkSampler":
+        import threading
+
+        self.series, self._stop = [], threading.Event()
+
+        def sample() -> None:
+            while not self._stop.is_set():
+                self.series.append((time.monotonic(), *self.counters()))
+                self._stop.wait(self.period)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.series.append((time.monotonic(), *self.counters()))
+
+    def relative(self, start: float) -> list[list[float]]:
+        """The series from ``start``: [seconds after it, bytes sent, bytes received since the first sample]."""
+        t0, sent0, received0 = self.series[0]
+        return [[round(t - start, 4), sent - sent0, received - received0] for t, sent, received in self.series]
+
+
+def worker(reps: int, leads: list[float], chain: int, pause: float, gaps: list[float], out_prefix: str,
+           rates: bool = False) -> None:
     """Burst ``reps`` times per lead (worker 1 that much after worker 0), each time ``chain`` bursts back
-    to back (the next as the last answer of the one before comes); write each burst's lead, its place
+    to back (the next as the last answer of the one before comes), each time after ``pause`` seconds of
+    idle, its ops issued ``gaps[rank]`` seconds apart (0: at once); write each burst's lead, its place
     in the chain, its start (the machine's monotonic clock, which both workers share) and its
-    push_pulls' completions (seconds after it) to ``out_prefix``.rankR.json."""
+    push_pulls' completions (seconds after it) to ``out_prefix``.rankR.json; with ``rates``, the bytes
+    its link sent and received, every 5 ms from just before the burst to its last answer."""
     import torch
     import byteps.torch as bps
     import byteps.torch.ops as ops
 
     torch.set_num_threads(1)
     bps.init()
+    gap = gaps[bps.rank()]
     bufs = [torch.zeros(OP_ELEMENTS) for _ in range(OPS)]
     names = [f"shares.{i}" for i in range(OPS)]
     for name in [*names, "shares.barrier"]:
@@ -63,6 +113,8 @@ def worker(reps: int, leads: list[float], chain: int, out_prefix: str) -> None:
         ops.synchronize(ops.push_pull_async_inplace(token, average=True, name="shares.barrier"))
 
     def burst() -> tuple[float, list[float]]:
+        if gap:
+            return dribble()
         start = time.monotonic()
         handles = [ops.push_pull_async_inplace(b, average=True, name=n) for b, n in zip(bufs, names)]
         done = []
@@ -71,18 +123,42 @@ def worker(reps: int, leads: list[float], chain: int, out_prefix: str) -> None:
             done.append(round(time.monotonic() - start, 6))
         return start, done
 
+    def dribble() -> tuple[float, list[float]]:
+        """Op i issued ``i x gap`` after the start; each answer read as it comes (polled, not waited for
+        in order, which would read none before the last op is issued)."""
+        start = time.monotonic()
+        handles, done = [], [None] * OPS
+        while None in done:
+            now = time.monotonic()
+            if len(handles) < OPS and now >= start + len(handles) * gap:
+                handles.append(ops.push_pull_async_inplace(bufs[len(handles)], average=True, name=names[len(handles)]))
+                continue
+            for i, handle in enumerate(handles):
+                if done[i] is None and ops.poll(handle):
+                    done[i] = round(now - start, 6)
+            time.sleep(0.0005)
+        for handle in handles:
+            ops.synchronize(handle)
+        return start, done
+
     burst()  # warm-up: every key initialised on the server
     bursts = []
     for lead in leads:
         for _ in range(reps):
             barrier()
-            time.sleep(PAUSE_S)
+            time.sleep(pause)
             barrier()
             if bps.rank() == 1:
                 time.sleep(lead)
             for k in range(chain):
-                start, done = burst()
-                bursts.append({"lead": lead, "k": k, "start": round(start, 6), "done_s": done})
+                if rates:
+                    with LinkSampler() as link:
+                        start, done = burst()
+                    bursts.append({"lead": lead, "k": k, "start": round(start, 6), "done_s": done,
+                                   "link": link.relative(start)})
+                else:
+                    start, done = burst()
+                    bursts.append({"lead": lead, "k": k, "start": round(start, 6), "done_s": done})
     Path(f"{out_prefix}.rank{bps.rank()}.json").write_text(json.dumps(bursts))
     bps.shutdown()
 
@@ -91,15 +167,32 @@ def worker(reps: int, leads: list[float], chain: int, out_prefix: str) -> None:
 def answers_s(first: list[dict], second: list[dict]) -> list[dict]:
     """Per burst, on the clock both workers share and from worker 0's start: worker 1's lead (when it
     started), each worker's first and last answer, and how much later worker 1's last came; with its
-    place in its chain and both workers' starts (the clock's own)."""
+    place in its chain and both workers' starts (the clock's own); where the links were sampled, worker
+    1's share of what they sent in each 0.1 s after it started (``sent_shares``)."""
     rows = []
     for a, b in zip(first, second):
-        ends = [(w["start"] - a["start"] + w["done_s"][0], w["start"] - a["start"] + w["done_s"][-1]) for w in (a, b)]
+        ends = [(w["start"] - a["start"] + min(w["done_s"]), w["start"] - a["start"] + max(w["done_s"])) for w in (a, b)]
         rows.append({"lead": a.get("lead", 0.0), "k": a.get("k", 0), "starts": [a["start"], b["start"]],
                      "lead_s": round(b["start"] - a["start"], 4),
                      "first_s": [round(e[0], 4) for e in ends], "last_s": [round(e[1], 4) for e in ends],
                      "last_later_s": round(ends[1][1] - ends[0][1], 4)})
+        if "link" in a and "link" in b:
+            rows[-1]["sent_shares"] = sent_shares(a, b)
     return rows
+
+
+SHARE_BIN_S, SHARE_BINS = 0.1, 10  # worker 1's share of the bytes sent, per 0.1 s for 1 s after it starts
+
+
+def sent_shares(a: dict, b: dict) -> list[float | None]:
+    """Of the bytes both workers' links sent in each ``SHARE_BIN_S`` after worker 1 started, worker 1's
+    share (None where neither sent anything), from their sampled links (``LinkSampler``)."""
+    import numpy as np
+
+    edges = b["start"] + SHARE_BIN_S * np.arange(SHARE_BINS + 1)
+    sent = [np.diff(np.interp(edges, [w["start"] + t for t, _, _ in w["link"]], [x for _, x, _ in w["link"]]))
+            for w in (a, b)]
+    return [round(float(s1 / (s0 + s1)), 3) if s0 + s1 > 10_000 else None for s0, s1 in zip(*sent)]
 
 
 def summary(rows: list[dict]) -> dict:
@@ -123,6 +216,11 @@ def summary(rows: list[dict]) -> dict:
                             "last_later_sd_s": round(statistics.pstdev(later), 4)}
         if any(r["k"] for r in chained):
             out[f"{lead:g}"]["chain"] = chain_summary(chained)
+        if all("sent_shares" in r for r in mine):
+            out[f"{lead:g}"]["sent_shares"] = [
+                round(statistics.median(v), 3) if (v := [r["sent_shares"][i] for r in mine
+                                                         if r["sent_shares"][i] is not None]) else None
+                for i in range(SHARE_BINS)]
     return out
 
 
@@ -139,7 +237,7 @@ def chain_summary(rows: list[dict]) -> dict:
             "lead_s": [round(statistics.median(r["lead_s"] for r in rows if r["k"] == k), 4) for k in places]}
 
 
-def simulated(engine_file: Path, leads: list[float], chain: int = 1) -> dict:
+def simulated(engine_file: Path, leads: list[float], chain: int = 1, gaps: tuple[float, float] = (0.0, 0.0)) -> dict:
     """The same bursts (and chains) in the simulator, with the engine calibrated under that TCP."""
     from byteps_prophet.core.engine import load_engine
     from byteps_prophet.sim.engine import bursts_done_s
@@ -147,9 +245,10 @@ def simulated(engine_file: Path, leads: list[float], chain: int = 1) -> dict:
     traits = load_engine(str(engine_file))
     out = {"engine": os.path.relpath(engine_file, ROOT)}
     for lead in leads:
-        runs = bursts_done_s(traits, traits.bandwidth_bytes_per_s, 2, OP_ELEMENTS * 4, OPS, chain, starts=(0.0, lead))
+        runs = bursts_done_s(traits, traits.bandwidth_bytes_per_s, 2, OP_ELEMENTS * 4, OPS, chain, starts=(0.0, lead),
+                             gaps_s=gaps)
         first = [r[0][1] for r in runs]
-        out[f"{lead:g}"] = {"first_s": [round(d[0], 4) for d in first], "last_s": [round(d[-1], 4) for d in first]}
+        out[f"{lead:g}"] = {"first_s": [round(min(d), 4) for d in first], "last_s": [round(max(d), 4) for d in first]}
         if chain > 1:
             rows = [{"k": k, "starts": [runs[0][k][0], runs[1][k][0]], "lead_s": runs[1][k][0] - runs[0][k][0]}
                     for k in range(chain)]
@@ -158,14 +257,16 @@ def simulated(engine_file: Path, leads: list[float], chain: int = 1) -> dict:
 
 
 # -- the driver ---------------------------------------------------------------------------------------------
-def measure(tcp: str, reps: int, leads: list[float], chain: int, folder: Path) -> list[dict]:
+def measure(tcp: str, args: argparse.Namespace, folder: Path) -> list[dict]:
+    """One fresh cluster under ``tcp`` running the bursts ``args`` ask for: its rows (``answers_s``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    prefix, bursts = folder / tcp, reps * len(leads) * chain
+    prefix, bursts = folder / tcp, args.reps * len(args.leads) * args.chain
     argv = bench_replay.cli("cluster", "run", "--workers", "2", "--servers", "1", "--bandwidth", BANDWIDTH,
                             "--engine", "byteps", "--tcp-congestion", tcp, "--timeout", str(120 + 5 * bursts),
                             "--", sys.executable, str(Path(__file__).resolve()), "--worker", str(prefix),
-                            "--reps", str(reps), "--leads", ",".join(f"{lead:g}" for lead in leads),
-                            "--chain", str(chain))
+                            "--reps", str(args.reps), "--leads", ",".join(f"{lead:g}" for lead in args.leads),
+                            "--chain", str(args.chain), "--pause", f"{args.pause:g}",
+                            "--gaps", ",".join(f"{g:g}" for g in args.gaps), *(["--rates"] if args.rates else []))
     bench_replay.run(argv, locked=True, timeout=180 + 5 * bursts)
     first, second = (json.loads(Path(f"{prefix}.rank{r}.json").read_text()) for r in (0, 1))
     return answers_s(first, second)
@@ -192,6 +293,13 @@ def table(results: dict) -> str:
         lines += [f"| {tcp} | {k} | {lead} s | {pair(c['period_s'])} | {pair(sim['period_s'])} | "
                   f"{' '.join(f'{x:.2f}' for x in c['lead_s'])} | {' '.join(f'{x:.2f}' for x in sim['lead_s'])} |"
                   for tcp, k, lead, c, sim in chains]
+    shares = [(tcp, k, lead, s["sent_shares"]) for tcp, r in results["tcp"].items()
+              for k, cluster in enumerate(r["clusters"]) for lead, s in cluster["summary"].items() if "sent_shares" in s]
+    if shares:
+        lines += ["", "| TCP | cluster | worker 1's lead | worker 1's share of the bytes sent, per 0.1 s after it starts (median) |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| {tcp} | {k} | {lead} s | {' '.join('-' if x is None else f'{x:.2f}' for x in row)} |"
+                  for tcp, k, lead, row in shares]
     return "\n".join(lines)
 
 
@@ -205,6 +313,19 @@ def parse_leads(text: str) -> list[float]:
     return leads
 
 
+def parse_gaps(text: str) -> list[float]:
+    try:
+        gaps = [float(x) for x in text.split(",")]
+    except ValueError:
+        gaps = []
+    if len(gaps) == 1:
+        gaps *= 2
+    if len(gaps) != 2 or not all(0 <= gap < 1 for gap in gaps):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; valid: seconds in [0, 1), one for both workers or "
+                                         f"two (worker 0's,worker 1's), e.g. 0,0.3")
+    return gaps
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -216,6 +337,14 @@ def main(argv=None) -> int:
     parser.add_argument("--chain", type=int, default=1,
                         help="bursts back to back after each pause, each as the last answer of the one before "
                              "comes (default 1)")
+    parser.add_argument("--pause", type=float, default=PAUSE_S,
+                        help=f"seconds of idle link before each lead's bursts (default {PAUSE_S:g})")
+    parser.add_argument("--gaps", type=parse_gaps, default=[0.0, 0.0],
+                        help="seconds between a burst's ops, as a backward pass hands gradients over one by one: "
+                             "one for both workers or worker 0's,worker 1's (default 0: all at once)")
+    parser.add_argument("--rates", action="store_true",
+                        help="sample each worker's link every 5 ms and report worker 1's share of the bytes sent "
+                             "in each 0.1 s after it starts")
     parser.add_argument("--clusters", type=int, default=2,
                         help="fresh clusters per TCP, one after the other (default 2)")
     parser.add_argument("--out", default=str(OUT), help=f"results file (default {os.path.relpath(OUT, ROOT)})")
@@ -224,23 +353,25 @@ def main(argv=None) -> int:
     for name in ("reps", "clusters", "chain"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)} is invalid; valid: an integer >= 1")
+    if not 0 <= args.pause < 60:
+        parser.error(f"--pause {args.pause:g} is invalid; valid: seconds in [0, 60)")
     if args.worker:
-        worker(args.reps, args.leads, args.chain, args.worker)
+        worker(args.reps, args.leads, args.chain, args.pause, args.gaps, args.worker, args.rates)
         return 0
     tcps = [t.strip() for t in args.tcp.split(",") if t.strip()]
     if not tcps:
         parser.error(f"--tcp {args.tcp!r} names no TCP congestion control; valid: e.g. bbr,cubic")
     results = {"commit": bench_replay.git_commit(), "command": "scripts/bench_shares.py " + " ".join(argv or sys.argv[1:]),
-               "bandwidth": BANDWIDTH, "ops": OPS, "op_bytes": OP_ELEMENTS * 4, "tcp": {}}
+               "bandwidth": BANDWIDTH, "pause_s": args.pause, "gaps_s": args.gaps, "rates": args.rates, "ops": OPS, "op_bytes": OP_ELEMENTS * 4, "tcp": {}}
     with tempfile.TemporaryDirectory(prefix="bpp-shares-") as folder:
         for tcp in tcps:
             clusters = []
             for k in range(args.clusters):
-                rows = measure(tcp, args.reps, args.leads, args.chain, Path(folder) / str(k))
+                rows = measure(tcp, args, Path(folder) / str(k))
                 clusters.append({"bursts": rows, "summary": summary(rows)})
                 bench_replay.log(f"{tcp}, cluster {k}: {clusters[-1]['summary']}")
             engine = bench_replay.OUT / ENGINES.get(tcp, "engine_byteps.json")
-            results["tcp"][tcp] = {"clusters": clusters, "simulated": simulated(engine, args.leads, args.chain)}
+            results["tcp"][tcp] = {"clusters": clusters, "simulated": simulated(engine, args.leads, args.chain, args.gaps)}
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
     return 0

@@ -528,10 +528,13 @@ def stream_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_b
 
 
 def bursts_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_bytes: int, ops: int, bursts: int,
-                  starts: Sequence[float] | None = None) -> list[list[tuple[float, list[float]]]]:
+                  starts: Sequence[float] | None = None,
+                  gaps_s: Sequence[float] | None = None) -> list[list[tuple[float, list[float]]]]:
     """When each worker of a parameter server, every one on its own port of the servers' shared links
     (``SharedServerNetwork``), completes each of ``ops`` ops of ``tensor_bytes`` it sends at once, at
-    its time in ``starts`` (default: all at 0, in step), ``bursts`` times back to back (its next burst
+    its time in ``starts`` (default: all at 0, in step), op i ``i x`` its gap in ``gaps_s`` after its
+    burst's start (default: all at once),
+    ``bursts`` times back to back (its next burst
     as the last answer of the one before comes), as scripts/bench_shares.py measures them. Per worker,
     per burst: when it was sent and when each op completed (the same op of every worker answered once
     all pushed it in that burst)."""
@@ -543,7 +546,11 @@ def bursts_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_b
         burst = len(runs[worker])
         runs[worker].append((loop.time, []))
         for i in range(ops):
-            network.port(worker).send(Task(f"op{i}", i, (max(1, tensor_bytes // 4),), iteration=burst))
+            task = Task(f"op{i}", i, (max(1, tensor_bytes // 4),), iteration=burst)
+            if gaps_s and gaps_s[worker]:
+                loop.at(loop.time + i * gaps_s[worker], lambda _, task=task: network.port(worker).send(task))
+            else:
+                network.port(worker).send(task)
 
     def finished(worker: int) -> None:
         done = runs[worker][-1][1]

@@ -338,6 +338,10 @@ def test_workers_bursting_in_step_share_the_server_equally_and_finish_together()
     # one by one, the last shared with worker 1's first; worker 1's come after its own pushes.
     early, late = burst_done_s(engine, RATE, 2, 1_000_000, 4, starts=(0.0, 0.004))
     assert early == pytest.approx([0.006, 0.007, 0.008, 0.010]) and late == pytest.approx([0.010, 0.011, 0.012, 0.013])
+    # Ops handed over 3 ms apart (``gaps_s``), as a backward pass hands gradients over: each op's pushes
+    # share the ingress (2 ms), its pulls the egress (2 ms) while the next op's pushes come in.
+    for runs in bursts_done_s(engine, RATE, 2, 1_000_000, 4, 1, None, gaps_s=(0.003, 0.003)):
+        assert runs[0][1] == pytest.approx([0.004, 0.007, 0.010, 0.013])
 
 
 def test_bytes_move_slower_while_the_worker_computes():
