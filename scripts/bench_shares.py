@@ -47,9 +47,18 @@ ENGINES = {"bbr": "engine_byteps.json", "cubic": "engine_byteps_cubic.json"}  # 
 
 
 # -- on each worker (``--worker``, started by ``cluster run``) -------------------------------------------
+def tcp_segments() -> tuple[int, int]:
+    """This host's TCP segments sent and retransmitted so far (``/proc/net/snmp``, its namespace's)."""
+    from byteps_prophet.cluster.netns import parse_proc_net
+
+    counters = parse_proc_net(Path("/proc/net/snmp").read_text())
+    return counters["out_segs"], counters["retrans_segs"]
+
+
 class LinkSampler:
     """This host's bytes sent and received (``/proc/net/dev``, its namespace's ``eth0``), sampled every
-    ``period`` seconds on a thread while in use: ``series`` holds (monotonic time, sent, received)."""
+    ``period`` seconds on a thread while in use: ``series`` holds (monotonic time, sent, received);
+    ``segments``, the TCP segments it sent and retransmitted meanwhile."""
 
     def __init__(self, device: str = "eth0", period: float = 0.005) -> None:
         self.device, self.period, self.series = device, period, []
@@ -67,6 +76,7 @@ class LinkSampler:
         import threading
 
         self.series, self._stop = [], threading.Event()
+        self._segments = tcp_segments()
 
         def sample() -> None:
             while not self._stop.is_set():
@@ -81,6 +91,7 @@ class LinkSampler:
         self._stop.set()
         self._thread.join()
         self.series.append((time.monotonic(), *self.counters()))
+        self.segments = [after - before for before, after in zip(self._segments, tcp_segments())]
 
     def relative(self, start: float) -> list[list[float]]:
         """The series from ``start``: [seconds after it, bytes sent, bytes received since the first sample]."""
@@ -155,7 +166,7 @@ def worker(reps: int, leads: list[float], chain: int, pause: float, gaps: list[f
                     with LinkSampler() as link:
                         start, done = burst()
                     bursts.append({"lead": lead, "k": k, "start": round(start, 6), "done_s": done,
-                                   "link": link.relative(start)})
+                                   "link": link.relative(start), "segments": link.segments})
                 else:
                     start, done = burst()
                     bursts.append({"lead": lead, "k": k, "start": round(start, 6), "done_s": done})

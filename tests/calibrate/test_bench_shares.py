@@ -75,20 +75,26 @@ def test_the_sampled_links_give_worker_1s_share_of_the_bytes_sent_after_it_start
 
 
 def test_the_link_sampler_reads_this_hosts_counters_while_in_use(bench):
-    """On loopback: samples every few ms, counters that only grow, the bytes sent during the sampling."""
+    """On loopback, 20 kB sent over TCP in 20 writes: samples every few ms, counters that only grow, the
+    bytes and at least one TCP segment sent during the sampling."""
     import socket
     import time
 
     sampler = bench.LinkSampler(device="lo", period=0.002)
-    with sampler:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            for _ in range(20):
-                sock.sendto(b"x" * 1000, ("127.0.0.1", 9))
-                time.sleep(0.002)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with sampler, socket.create_connection(server.getsockname()) as client:
+            peer, _ = server.accept()
+            with peer:
+                for _ in range(20):
+                    client.sendall(b"x" * 1000)
+                    peer.recv(4096)
+                    time.sleep(0.002)
     series = sampler.relative(sampler.series[0][0])
     assert len(series) >= 5 and series[0] == [0.0, 0, 0]
     assert all(b[1] >= a[1] and b[0] >= a[0] for a, b in zip(series, series[1:]))
     assert series[-1][1] >= 20 * 1000
+    sent, retransmitted = sampler.segments
+    assert sent >= 20 and retransmitted >= 0
 
 
 def test_misuse_is_one_line_and_exit_2(bench, capsys):
