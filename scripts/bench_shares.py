@@ -179,7 +179,8 @@ def answers_s(first: list[dict], second: list[dict]) -> list[dict]:
     """Per burst, on the clock both workers share and from worker 0's start: worker 1's lead (when it
     started), each worker's first and last answer, and how much later worker 1's last came; with its
     place in its chain and both workers' starts (the clock's own); where the links were sampled, worker
-    1's share of what they sent in each 0.1 s after it started (``sent_shares``)."""
+    1's share of what they sent in each 0.1 s after it started (``sent_shares``), and the TCP segments
+    each sent and retransmitted meanwhile."""
     rows = []
     for a, b in zip(first, second):
         ends = [(w["start"] - a["start"] + min(w["done_s"]), w["start"] - a["start"] + max(w["done_s"])) for w in (a, b)]
@@ -189,6 +190,8 @@ def answers_s(first: list[dict], second: list[dict]) -> list[dict]:
                      "last_later_s": round(ends[1][1] - ends[0][1], 4)})
         if "link" in a and "link" in b:
             rows[-1]["sent_shares"] = sent_shares(a, b)
+        if "segments" in a and "segments" in b:
+            rows[-1]["segments"] = [a["segments"], b["segments"]]  # each worker's TCP segments: sent, retransmitted
     return rows
 
 

@@ -124,6 +124,7 @@ def test_two_real_workers_burst_and_both_report(bench, tmp_path):
     for burst in bursts:
         assert all(1.5 < t < 10 for t in burst["last_s"]) and math.isfinite(burst["last_later_s"])
         assert 0.2 < burst["sent_shares"][1] < 0.8  # both push through the server's one link
+        assert all(sent > 1000 and 0 <= retransmitted < sent for sent, retransmitted in burst["segments"])
     simulated = result["simulated"]
     assert simulated["0"]["last_s"][0] == simulated["0"]["last_s"][1] and 2.5 < simulated["0"]["last_s"][0] < 4
     assert simulated["0.3"]["first_s"][0] < simulated["0"]["first_s"][0]  # a lead's first answer comes sooner
