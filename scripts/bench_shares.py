@@ -100,13 +100,15 @@ class LinkSampler:
 
 
 def worker(reps: int, leads: list[float], chain: int, pause: float, gaps: list[float], out_prefix: str,
-           rates: bool = False) -> None:
+           rates: bool = False, compute: float = 0.0) -> None:
     """Burst ``reps`` times per lead (worker 1 that much after worker 0), each time ``chain`` bursts back
     to back (the next as the last answer of the one before comes), each time after ``pause`` seconds of
     idle, its ops issued ``gaps[rank]`` seconds apart (0: at once); write each burst's lead, its place
     in the chain, its start (the machine's monotonic clock, which both workers share) and its
     push_pulls' completions (seconds after it) to ``out_prefix``.rankR.json; with ``rates``, the bytes
-    its link sent and received, every 5 ms from just before the burst to its last answer."""
+    its link sent and received, every 5 ms from just before the burst to its last answer. Between
+    chained bursts each worker computes ``compute`` seconds (1-thread matrix products, as a forward and
+    backward pass would) before sending the next."""
     import torch
     import byteps.torch as bps
     import byteps.torch.ops as ops
@@ -152,6 +154,12 @@ def worker(reps: int, leads: list[float], chain: int, pause: float, gaps: list[f
             ops.synchronize(handle)
         return start, done
 
+    def busy(seconds: float) -> None:
+        a = torch.rand(256, 256)
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            a = (a @ a).clamp_(-1, 1)
+
     burst()  # warm-up: every key initialised on the server
     bursts = []
     for lead in leads:
@@ -162,6 +170,8 @@ def worker(reps: int, leads: list[float], chain: int, pause: float, gaps: list[f
             if bps.rank() == 1:
                 time.sleep(lead)
             for k in range(chain):
+                if k:
+                    busy(compute)
                 if rates:
                     with LinkSampler() as link:
                         start, done = burst()
@@ -251,7 +261,8 @@ def chain_summary(rows: list[dict]) -> dict:
             "lead_s": [round(statistics.median(r["lead_s"] for r in rows if r["k"] == k), 4) for k in places]}
 
 
-def simulated(engine_file: Path, leads: list[float], chain: int = 1, gaps: tuple[float, float] = (0.0, 0.0)) -> dict:
+def simulated(engine_file: Path, leads: list[float], chain: int = 1, gaps: tuple[float, float] = (0.0, 0.0),
+              compute: float = 0.0) -> dict:
     """The same bursts (and chains) in the simulator, with the engine calibrated under that TCP."""
     from byteps_prophet.core.engine import load_engine
     from byteps_prophet.sim.engine import bursts_done_s
@@ -260,7 +271,7 @@ def simulated(engine_file: Path, leads: list[float], chain: int = 1, gaps: tuple
     out = {"engine": os.path.relpath(engine_file, ROOT)}
     for lead in leads:
         runs = bursts_done_s(traits, traits.bandwidth_bytes_per_s, 2, OP_ELEMENTS * 4, OPS, chain, starts=(0.0, lead),
-                             gaps_s=gaps)
+                             gaps_s=gaps, compute_s=compute)
         first = [r[0][1] for r in runs]
         out[f"{lead:g}"] = {"first_s": [round(min(d), 4) for d in first], "last_s": [round(max(d), 4) for d in first]}
         if chain > 1:
@@ -280,7 +291,8 @@ def measure(tcp: str, args: argparse.Namespace, folder: Path) -> list[dict]:
                             "--", sys.executable, str(Path(__file__).resolve()), "--worker", str(prefix),
                             "--reps", str(args.reps), "--leads", ",".join(f"{lead:g}" for lead in args.leads),
                             "--chain", str(args.chain), "--pause", f"{args.pause:g}",
-                            "--gaps", ",".join(f"{g:g}" for g in args.gaps), *(["--rates"] if args.rates else []))
+                            "--gaps", ",".join(f"{g:g}" for g in args.gaps), "--compute", f"{args.compute:g}",
+                            *(["--rates"] if args.rates else []))
     bench_replay.run(argv, locked=True, timeout=180 + 5 * bursts)
     first, second = (json.loads(Path(f"{prefix}.rank{r}.json").read_text()) for r in (0, 1))
     return answers_s(first, second)
@@ -356,6 +368,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gaps", type=parse_gaps, default=[0.0, 0.0],
                         help="seconds between a burst's ops, as a backward pass hands gradients over one by one: "
                              "one for both workers or worker 0's,worker 1's (default 0: all at once)")
+    parser.add_argument("--compute", type=float, default=0.0,
+                        help="with --chain: seconds each worker computes between its bursts (1-thread matrix "
+                             "products), as training computes between its steps (default 0)")
     parser.add_argument("--rates", action="store_true",
                         help="sample each worker's link every 5 ms and report worker 1's share of the bytes sent "
                              "in each 0.1 s after it starts")
@@ -369,14 +384,16 @@ def main(argv=None) -> int:
             parser.error(f"--{name} {getattr(args, name)} is invalid; valid: an integer >= 1")
     if not 0 <= args.pause < 60:
         parser.error(f"--pause {args.pause:g} is invalid; valid: seconds in [0, 60)")
+    if not 0 <= args.compute < 10:
+        parser.error(f"--compute {args.compute:g} is invalid; valid: seconds in [0, 10)")
     if args.worker:
-        worker(args.reps, args.leads, args.chain, args.pause, args.gaps, args.worker, args.rates)
+        worker(args.reps, args.leads, args.chain, args.pause, args.gaps, args.worker, args.rates, args.compute)
         return 0
     tcps = [t.strip() for t in args.tcp.split(",") if t.strip()]
     if not tcps:
         parser.error(f"--tcp {args.tcp!r} names no TCP congestion control; valid: e.g. bbr,cubic")
     results = {"commit": bench_replay.git_commit(), "command": "scripts/bench_shares.py " + " ".join(argv or sys.argv[1:]),
-               "bandwidth": BANDWIDTH, "pause_s": args.pause, "gaps_s": args.gaps, "rates": args.rates, "ops": OPS, "op_bytes": OP_ELEMENTS * 4, "tcp": {}}
+               "bandwidth": BANDWIDTH, "pause_s": args.pause, "gaps_s": args.gaps, "rates": args.rates, "compute_s": args.compute, "ops": OPS, "op_bytes": OP_ELEMENTS * 4, "tcp": {}}
     with tempfile.TemporaryDirectory(prefix="bpp-shares-") as folder:
         for tcp in tcps:
             clusters = []
@@ -385,7 +402,8 @@ def main(argv=None) -> int:
                 clusters.append({"bursts": rows, "summary": summary(rows)})
                 bench_replay.log(f"{tcp}, cluster {k}: {clusters[-1]['summary']}")
             engine = bench_replay.OUT / ENGINES.get(tcp, "engine_byteps.json")
-            results["tcp"][tcp] = {"clusters": clusters, "simulated": simulated(engine, args.leads, args.chain, args.gaps)}
+            results["tcp"][tcp] = {"clusters": clusters, "simulated": simulated(engine, args.leads, args.chain, args.gaps,
+                                                                          args.compute)}
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
     return 0

@@ -529,15 +529,15 @@ def stream_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_b
 
 def bursts_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_bytes: int, ops: int, bursts: int,
                   starts: Sequence[float] | None = None,
-                  gaps_s: Sequence[float] | None = None) -> list[list[tuple[float, list[float]]]]:
+                  gaps_s: Sequence[float] | None = None,
+                  compute_s: float = 0.0) -> list[list[tuple[float, list[float]]]]:
     """When each worker of a parameter server, every one on its own port of the servers' shared links
     (``SharedServerNetwork``), completes each of ``ops`` ops of ``tensor_bytes`` it sends at once, at
     its time in ``starts`` (default: all at 0, in step), op i ``i x`` its gap in ``gaps_s`` after its
-    burst's start (default: all at once),
-    ``bursts`` times back to back (its next burst
-    as the last answer of the one before comes), as scripts/bench_shares.py measures them. Per worker,
-    per burst: when it was sent and when each op completed (the same op of every worker answered once
-    all pushed it in that burst)."""
+    burst's start (default: all at once), ``bursts`` times back to back (its next burst ``compute_s``
+    after the last answer of the one before, the worker computing meanwhile), as
+    scripts/bench_shares.py measures them. Per worker, per burst: when it was sent and when each op
+    completed (the same op of every worker answered once all pushed it in that burst)."""
     loop = EventLoop()
     network = SharedServerNetwork(workers, traits, Conditions(bandwidth), 0.0, loop.at, loop.now)
     runs: list[list[tuple[float, list[float]]]] = [[] for _ in range(workers)]
@@ -552,11 +552,19 @@ def bursts_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_b
             else:
                 network.port(worker).send(task)
 
+    def computed(worker: int) -> None:
+        network.port(worker).computing = lambda: False
+        send(worker)
+
     def finished(worker: int) -> None:
         done = runs[worker][-1][1]
         done.append(loop.time)
         if len(done) == ops and len(runs[worker]) < bursts:
-            send(worker)
+            if compute_s:
+                network.port(worker).computing = lambda: True
+                loop.at(loop.time + compute_s, lambda _, w=worker: computed(w))
+            else:
+                send(worker)
 
     for w in range(workers):
         network.port(w).on_finished = lambda _task, w=w: finished(w)

@@ -102,6 +102,7 @@ def test_misuse_is_one_line_and_exit_2(bench, capsys):
                           (["--chain", "0"], "--chain 0"), (["--tcp", ","], "--tcp"),
                           (["--pause", "-1"], "--pause -1"), (["--gaps", "2"], "'2' is invalid"),
                           (["--gaps", "0,0,0"], "'0,0,0' is invalid"),
+                          (["--compute", "-1"], "--compute -1"),
                           (["--leads", "0,x"], "'0,x' is invalid")):
         with pytest.raises(SystemExit) as exit_:
             bench.main(argv)

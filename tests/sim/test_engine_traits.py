@@ -342,6 +342,11 @@ def test_workers_bursting_in_step_share_the_server_equally_and_finish_together()
     # share the ingress (2 ms), its pulls the egress (2 ms) while the next op's pushes come in.
     for runs in bursts_done_s(engine, RATE, 2, 1_000_000, 4, 1, None, gaps_s=(0.003, 0.003)):
         assert runs[0][1] == pytest.approx([0.004, 0.007, 0.010, 0.013])
+    # Two bursts each, 5 ms of compute between (``compute_s``): the second sent 5 ms after the first's
+    # last answer, and as long.
+    for (start0, done0), (start1, done1) in bursts_done_s(engine, RATE, 2, 1_000_000, 4, 2, None, compute_s=0.005):
+        assert start1 == pytest.approx(done0[-1] + 0.005)
+        assert [t - start1 for t in done1] == pytest.approx([t - start0 for t in done0])
 
 
 def test_bytes_move_slower_while_the_worker_computes():
