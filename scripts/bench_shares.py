@@ -8,8 +8,9 @@ moment finish together. This benchmark asks the real engine: on the one-machine 
 one server, 200 Mbit/s links), both workers issue the same burst of BytePS push_pulls (nine of 2 MiB,
 about a BytePS-MXNet transformer's gradients), worker 1 ``--leads`` seconds after worker 0 (0: at
 the same moment), ``--reps`` times per lead after a barrier and a ``--pause`` (with ``--chain N``, N
-bursts back to back each time, as a worker that computes nothing would train; with ``--gaps``, each
-burst's ops handed over one by one, as a backward pass hands over gradients), under each TCP
+bursts back to back each time, as a worker that computes nothing would train, or ``--compute`` seconds
+apart, computing between them; with ``--gaps``, each burst's ops handed over one by one, as a
+backward pass hands over gradients), under each TCP
 congestion control asked for, on ``--clusters`` fresh clusters each; each worker records when each of its
 push_pulls completed (and with ``--rates`` the bytes its link sent, every 5 ms). Per burst, on the
 clock both workers share and from worker 0's start: each worker's first and last answer, beside the
@@ -23,6 +24,7 @@ docs/replay/shares-*.json, each with its commit and command.
     scripts/bench_shares.py --tcp bbr --leads 0.2,0.6 --chain 6 --reps 3   # do the workers stay that far apart?
     scripts/bench_shares.py --tcp bbr --leads 0,0.2,0.45 --rates       # what share does the later worker take?
     scripts/bench_shares.py --tcp bbr --leads 0.2 --pause 1 --gaps 0.1   # after 1 s idle, ops 0.1 s apart
+    scripts/bench_shares.py --tcp bbr --leads 0.6 --chain 6 --compute 0.33  # computing between bursts
 """
 from __future__ import annotations
 
