@@ -29,6 +29,7 @@ docs/replay/shares-*.json, each with its commit and command.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -174,14 +175,11 @@ def worker(reps: int, leads: list[float], chain: int, pause: float, gaps: list[f
             for k in range(chain):
                 if k:
                     busy(compute)
-                if rates:
-                    with LinkSampler() as link:
-                        start, done = burst()
-                    bursts.append({"lead": lead, "k": k, "start": round(start, 6), "done_s": done,
-                                   "link": link.relative(start), "segments": link.segments})
-                else:
+                with LinkSampler() if rates else contextlib.nullcontext() as link:
                     start, done = burst()
-                    bursts.append({"lead": lead, "k": k, "start": round(start, 6), "done_s": done})
+                bursts.append({"lead": lead, "k": k, "start": round(start, 6), "done_s": done})
+                if link:
+                    bursts[-1].update(link=link.relative(start), segments=link.segments)
     Path(f"{out_prefix}.rank{bps.rank()}.json").write_text(json.dumps(bursts))
     bps.shutdown()
 
@@ -221,6 +219,12 @@ def sent_shares(a: dict, b: dict) -> list[float | None]:
     return [round(float(s1 / (s0 + s1)), 3) if s0 + s1 > 10_000 else None for s0, s1 in zip(*sent)]
 
 
+def median_share(shares: list[float | None]) -> float | None:
+    """The median of the bursts' shares in one bin, over those where a worker sent anything."""
+    sent = [x for x in shares if x is not None]
+    return round(statistics.median(sent), 3) if sent else None
+
+
 def summary(rows: list[dict]) -> dict:
     """Per lead, over the first burst of each chain (after a pause): the medians of each worker's first
     and last answer, and how much later worker 1's last answer came than worker 0's (median, mean,
@@ -243,10 +247,8 @@ def summary(rows: list[dict]) -> dict:
         if any(r["k"] for r in chained):
             out[f"{lead:g}"]["chain"] = chain_summary(chained)
         if all("sent_shares" in r for r in mine):
-            out[f"{lead:g}"]["sent_shares"] = [
-                round(statistics.median(v), 3) if (v := [r["sent_shares"][i] for r in mine
-                                                         if r["sent_shares"][i] is not None]) else None
-                for i in range(SHARE_BINS)]
+            out[f"{lead:g}"]["sent_shares"] = [median_share([r["sent_shares"][i] for r in mine])
+                                               for i in range(SHARE_BINS)]
     return out
 
 
@@ -395,7 +397,8 @@ def main(argv=None) -> int:
     if not tcps:
         parser.error(f"--tcp {args.tcp!r} names no TCP congestion control; valid: e.g. bbr,cubic")
     results = {"commit": bench_replay.git_commit(), "command": "scripts/bench_shares.py " + " ".join(argv or sys.argv[1:]),
-               "bandwidth": BANDWIDTH, "pause_s": args.pause, "gaps_s": args.gaps, "rates": args.rates, "compute_s": args.compute, "ops": OPS, "op_bytes": OP_ELEMENTS * 4, "tcp": {}}
+               "bandwidth": BANDWIDTH, "pause_s": args.pause, "gaps_s": args.gaps, "rates": args.rates,
+               "compute_s": args.compute, "ops": OPS, "op_bytes": OP_ELEMENTS * 4, "tcp": {}}
     with tempfile.TemporaryDirectory(prefix="bpp-shares-") as folder:
         for tcp in tcps:
             clusters = []
@@ -404,8 +407,8 @@ def main(argv=None) -> int:
                 clusters.append({"bursts": rows, "summary": summary(rows)})
                 bench_replay.log(f"{tcp}, cluster {k}: {clusters[-1]['summary']}")
             engine = bench_replay.OUT / ENGINES.get(tcp, "engine_byteps.json")
-            results["tcp"][tcp] = {"clusters": clusters, "simulated": simulated(engine, args.leads, args.chain, args.gaps,
-                                                                          args.compute)}
+            sim = simulated(engine, args.leads, args.chain, args.gaps, args.compute)
+            results["tcp"][tcp] = {"clusters": clusters, "simulated": sim}
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
     return 0
