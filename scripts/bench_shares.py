@@ -188,7 +188,8 @@ def worker(reps: int, leads: list[float], chain: int, pause: float, gaps: list[f
 def answers_s(first: list[dict], second: list[dict]) -> list[dict]:
     """Per burst, on the clock both workers share and from worker 0's start: worker 1's lead (when it
     started), each worker's first and last answer, and how much later worker 1's last came; with its
-    place in its chain and both workers' starts (the clock's own); where the links were sampled, worker
+    place in its chain and both workers' starts (the clock's own), and each worker's answer to each op
+    (``done_s``, in the order the ops were issued); where the links were sampled, worker
     1's share of what they sent in each 0.1 s after it started (``sent_shares``), and the TCP segments
     each sent and retransmitted meanwhile."""
     rows = []
@@ -197,7 +198,8 @@ def answers_s(first: list[dict], second: list[dict]) -> list[dict]:
         rows.append({"lead": a.get("lead", 0.0), "k": a.get("k", 0), "starts": [a["start"], b["start"]],
                      "lead_s": round(b["start"] - a["start"], 4),
                      "first_s": [round(e[0], 4) for e in ends], "last_s": [round(e[1], 4) for e in ends],
-                     "last_later_s": round(ends[1][1] - ends[0][1], 4)})
+                     "last_later_s": round(ends[1][1] - ends[0][1], 4),
+                     "done_s": [[round(w["start"] - a["start"] + t, 4) for t in w["done_s"]] for w in (a, b)]})
         if "link" in a and "link" in b:
             rows[-1]["sent_shares"] = sent_shares(a, b)
         if "segments" in a and "segments" in b:

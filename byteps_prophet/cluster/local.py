@@ -451,6 +451,11 @@ class Cluster:
         if wanted not in available:
             raise UserError(f"--tcp-congestion {wanted!r} is not available in this kernel; valid: "
                             f"{', '.join(available)}")
+        allowed = nets.allowed_tcp_congestion()
+        if wanted not in allowed:
+            raise UserError(f"--tcp-congestion {wanted!r} is not allowed in network namespaces on this host; "
+                            f"valid: {', '.join(allowed)}, or allow it (as root): sysctl -w "
+                            f"net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, wanted])}'")
 
     def _check_engine_installed(self) -> None:
         if not self.spec.parameter_server:

@@ -131,11 +131,19 @@ def unavailable_reason() -> str | None:
 
 TCP_CONGESTION = "/proc/sys/net/ipv4/tcp_congestion_control"
 TCP_CONGESTION_AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+TCP_CONGESTION_ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 
 
 def available_tcp_congestion() -> list[str]:
     """The TCP congestion controls this kernel has loaded (what a namespace may be given)."""
     with open(TCP_CONGESTION_AVAILABLE) as f:
+        return f.read().split()
+
+
+def allowed_tcp_congestion() -> list[str]:
+    """The TCP congestion controls a namespace other than the host's may be given (the kernel refuses
+    the others there, even to root)."""
+    with open(TCP_CONGESTION_ALLOWED) as f:
         return f.read().split()
 
 

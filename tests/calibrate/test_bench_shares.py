@@ -23,6 +23,7 @@ def test_a_burst_is_read_on_the_clock_both_workers_share(bench):
     rows = bench.answers_s(first, second)
     assert rows[0]["first_s"] == pytest.approx([0.8, 1.01]) and rows[0]["last_s"] == pytest.approx([2.1, 2.51])
     assert rows[0]["last_later_s"] == pytest.approx(0.41) and rows[0]["lead_s"] == pytest.approx(0.01)
+    assert rows[0]["done_s"] == [pytest.approx([0.8, 1.5, 2.1]), pytest.approx([1.01, 1.71, 2.51])]
     assert rows[1]["last_later_s"] == pytest.approx(-0.4)
     assert rows[2]["lead"] == 0.3 and rows[2]["last_s"] == pytest.approx([2.5, 2.8])
     summary = bench.summary(rows)

@@ -174,6 +174,22 @@ def test_no_namespaces_is_a_one_line_error_not_a_silent_loopback(monkeypatch, ne
     assert cluster.use_netns is None and not cluster._namespaces  # nothing built, nothing to tear down
 
 
+def test_a_tcp_congestion_the_kernel_has_but_keeps_from_namespaces_is_refused_before_any_is_built(monkeypatch):
+    """A kernel may have CUBIC loaded but allow only reno and BBR outside the host's namespace: the
+    cluster says so, with the valid choices and the sysctl that allows it, before building anything
+    (setting it in a namespace would fail half-way with the kernel's 'Operation not permitted')."""
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(netns, "available_tcp_congestion", lambda: ["reno", "bbr", "cubic"])
+    monkeypatch.setattr(netns, "allowed_tcp_congestion", lambda: ["reno", "bbr"])
+    cluster = Cluster(ClusterSpec(engine="mxnet", tcp_congestion="cubic"), environ={})
+    with pytest.raises(UserError) as err:
+        cluster.start()
+    message = str(err.value)
+    assert "'cubic' is not allowed in network namespaces" in message and "valid: reno, bbr" in message
+    assert "net.ipv4.tcp_allowed_congestion_control='reno bbr cubic'" in message and "\n" not in message
+    assert not cluster._namespaces  # nothing built, nothing to tear down
+
+
 def test_no_namespaces_cli_run_exits_2_naming_no_netns(monkeypatch, capsys):
     monkeypatch.setattr(netns, "unavailable_reason", lambda: "network namespaces need root (test)")
     assert cli.main(["cluster", "run", "--engine", "mxnet", "--workers", "1", "--", "true"]) == 2

@@ -216,7 +216,7 @@ def test_every_host_gets_the_tcp_congestion_control_asked_for(leftovers):
     changed BytePS-MXNet's steps by a third against CUBIC: docs/ENGINE.md); --tcp-congestion sets
     another on every host, and the cluster reports the one its hosts use."""
     machine = netns.tcp_congestion(None)
-    other = next(a for a in netns.available_tcp_congestion() if a != machine)
+    other = next(a for a in netns.allowed_tcp_congestion() if a != machine)
     for wanted, expected in ((None, machine), (other, other)):
         with Cluster(ClusterSpec(workers=2, servers=1, engine="mxnet", tcp_congestion=wanted), output=False) as cluster:
             assert cluster.tcp_congestion() == expected
