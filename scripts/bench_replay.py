@@ -241,11 +241,11 @@ def parse_overrides(text: str) -> dict:
 
 
 def replay(names: list[str], iterations: int | None = None, overrides: dict | None = None,
-           compute: str = "recorded") -> dict:
+           compute: str = "recorded", drift: bool = False) -> dict:
     """Replay the recordings of ``names``: timed as each was recorded, or (``iterations``, a what-if)
     as the mean steady-state iteration of that many simulated iterations."""
     with tempfile.TemporaryDirectory(prefix="bpp-override-") as folder:  # the what-if engine copies
-        return _replay(names, iterations, overrides, Path(folder), compute)
+        return _replay(names, iterations, overrides, Path(folder), compute, drift)
 
 
 def measure_args(iterations: int | None, recorded: dict) -> list[str]:
@@ -256,12 +256,13 @@ def measure_args(iterations: int | None, recorded: dict) -> list[str]:
     return ["--steps", str(recorded["steps"]), "--warmup", str(recorded["warmup"])]
 
 
-def _replay(names: list[str], iterations: int | None, overrides: dict | None, scratch: Path, compute: str) -> dict:
+def _replay(names: list[str], iterations: int | None, overrides: dict | None, scratch: Path, compute: str,
+            drift: bool = False) -> dict:
     with_engine = simulator_has_engine()
     log(f"simulator {'takes --engine' if with_engine else 'has no --engine yet: --bandwidth/--overhead/--latency'}")
     results = {"commit": git_commit(), "simulator_engine_option": with_engine,
                "measure": f"steady state over {iterations} iterations" if iterations else "as recorded",
-               "compute": compute, "target": TARGET, "configs": {}}
+               "compute": compute, "skews": "drifting" if drift else "held", "target": TARGET, "configs": {}}
     for name in names:
         cfg = CONFIGS[name]
         folder = OUT / name
@@ -288,7 +289,7 @@ def _replay(names: list[str], iterations: int | None, overrides: dict | None, sc
             for skew in dict.fromkeys(skews or [None]):
                 argv = cli("simulate", "--profile", profile, "--workers", "2", *arch, *link,
                            "--scheduler", r["variant"], *measure_args(iterations, measured["config"]),
-                           "--compute", compute, *(["--skew", f"{skew:.4f}"] if skew is not None else []), "--json")
+                           "--compute", compute, *skew_args(skew, drift), "--json")
                 proc = run(argv, locked=False, timeout=600, env=env)
                 by_skew[skew] = argv, json.loads(proc.stdout)["results"][r["variant"]]
             predicted, predicted_steps = skewed_prediction(skews or [None], {k: v[1] for k, v in by_skew.items()})
@@ -313,6 +314,16 @@ def _replay(names: list[str], iterations: int | None, overrides: dict | None, sc
     return results
 
 
+def skew_args(skew: float | None, drift: bool) -> list[str]:
+    """The simulator's options for a window at ``skew`` (None: one representative worker): every
+    worker on its own, held at that skew (the trace of the favour TCP gave one worker's connection,
+    which the simulator's equal shares do not model: ``SkewHold``), or with ``drift`` (a what-if,
+    the model until this option) started apart and left to drift."""
+    if skew is None:
+        return []
+    return ["--skew", f"{skew:.4f}", *([] if drift else ["--hold-skew"])]
+
+
 def step_skews_of(run: dict, arch: str) -> list[float]:
     """The skews a parameter server's round is replayed with (``simulate --skew``: every worker on its
     own, the other one starting that much later): how far the other worker ran behind in each timed
@@ -325,7 +336,7 @@ def step_skews_of(run: dict, arch: str) -> list[float]:
 def skewed_prediction(skews: list, results: dict) -> tuple[float, list[float]]:
     """A round's predicted step and timed steps (seconds) from the simulator's ``results`` per skew:
     each timed step predicted at the skew the recording measured in it, the window simulated once per
-    skew (the simulated pair keeps its skew; the real one wanders, 0.71 to 0.15 s apart in one FIFO
+    skew (the simulated pair held at it; the real one wanders, 0.71 to 0.15 s apart in one FIFO
     round, and a step moves about 2 s per second of skew): the predicted step is the mean of the
     windows' steps (each window from its synchronised start, as the A/B times it), the predicted
     timed steps step k of the window at step k's skew. One skew, or none (``[None]``): that window."""
@@ -437,6 +448,9 @@ def main(argv=None) -> int:
     p.add_argument("--override", default="", metavar="TRAIT=VALUE,...",
                    help="replay under the engine files with these traits changed (e.g. backpressure=false,"
                         "duplex_efficiency=1: the model before them); needs --replay-only, writes no results.json")
+    p.add_argument("--drift", action="store_true",
+                   help="what-if: start each skewed window at its skew and let the workers drift as the "
+                        "simulator's equal shares take them, instead of holding it (writes no results.json)")
     p.add_argument("--compute", choices=("recorded", "median"), default="recorded",
                    help="the simulator replays each recorded iteration's compute in turn (recorded, the default) "
                         "or the median iteration every time (median: a what-if, writes no results.json)")
@@ -475,13 +489,13 @@ def main(argv=None) -> int:
             for engine in dict.fromkeys(CONFIGS[n]["engine"] for n in names):
                 calibrate(engine)
     try:
-        results = replay(names, args.iterations, overrides, args.compute)
+        results = replay(names, args.iterations, overrides, args.compute, args.drift)
     except ConfigError as err:
         print(f"bench_replay: {err}", file=sys.stderr)
         return 2
     results["overrides"] = overrides
     # a what-if (overrides) leaves docs/replay/results.json with the engine files' own replay
-    what_if = overrides or args.compute != "recorded" or args.iterations
+    what_if = overrides or args.compute != "recorded" or args.iterations or args.drift
     if not what_if and set(names) == set(CONFIGS):  # a subset's replay would drop the others' rows
         (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1) if args.json else table(results) + "\n\n" + variant_table(results))

@@ -53,6 +53,11 @@ def register(subparsers) -> None:
                    help="simulate every worker of a parameter server on its own, each with its own scheduler, "
                         "worker w starting w x SECONDS after worker 0 (workers out of step share the servers' "
                         "links unlike one representative worker; default: one representative worker)")
+    p.add_argument("--hold-skew", action="store_true",
+                   help="with --skew: hold every worker at its skew, giving it the share of the servers' ingress "
+                        "that keeps it there (which worker TCP favours differs from cluster to cluster; equal "
+                        "shares drift workers apart), as a replay takes a recording's skew (default: start "
+                        "apart, then drift)")
     p.add_argument("--slow-worker", type=float, default=1.0, metavar="FACTOR",
                    help="one worker computes FACTOR times slower (default 1: none)")
     p.add_argument("--bandwidth-at", action="append", default=[], metavar="TIME=RATE",
@@ -157,13 +162,16 @@ def run(args) -> int:
                                    else f"{engine.bandwidth_bytes_per_s:.0f}bps")
     args.bandwidth = bandwidth
     args.arch = args.arch or ("ps" if engine is None or engine.is_parameter_server else "allreduce")
+    if args.hold_skew and args.skew is None:
+        raise UserError("--hold-skew holds the workers at their --skew; valid: --skew SECONDS with it, or no "
+                        "--hold-skew")
     cluster = ClusterSpec(
         workers=args.workers, servers=args.servers, arch=args.arch, bandwidth=_bytes_per_s(bandwidth),
         overhead=parse_latency(args.overhead or "50us", "--overhead") / 1e6,
         latency=parse_latency(args.latency, "--latency") / 1e6,
         bandwidth_steps=_steps(args.bandwidth_at, _bytes_per_s, "bandwidth-at"),
         compute_steps=_steps(args.compute_at, _factor, "compute-at"),
-        engine=engine, jitter=args.jitter, slow_worker=args.slow_worker, skew=args.skew,
+        engine=engine, jitter=args.jitter, slow_worker=args.slow_worker, skew=args.skew, hold_skew=args.hold_skew,
     )
     if args.skew is not None and ({"ddp", "horovod"} & set(schedulers)):
         raise UserError("--skew simulates FIFO, ByteScheduler and Prophet on every worker; valid: "

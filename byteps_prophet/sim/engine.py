@@ -73,6 +73,9 @@ class ClusterSpec:
     # Every worker simulated on its own (a parameter server), worker w starting w x skew seconds after
     # worker 0 (``simulate_every_worker``); None: one representative worker.
     skew: float | None = None
+    # Hold every worker at its skew (``SkewHold``): the skew a condition of the run, as a replay takes
+    # a recording's; False: the workers start apart and drift as the equal shares take them.
+    hold_skew: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -99,6 +102,8 @@ class ClusterSpec:
             if self.workers > MAX_SIMULATED_WORKERS:
                 raise UserError(f"skew={self.skew} with workers={self.workers}: every worker simulated on its own "
                                 f"takes at most {MAX_SIMULATED_WORKERS}; valid: fewer workers, or no skew")
+        elif self.hold_skew:
+            raise UserError("hold_skew holds the workers at a skew; valid: a skew with it, or no hold_skew")
 
     @property
     def traits(self) -> EngineTraits:
@@ -236,6 +241,7 @@ class Simulation:
         self._backward_starts: list[float] = []
         self._rng = random.Random(cluster.seed if worker is None else cluster.seed * 1_000_003 + worker)
         self._pace = 1.0  # the slowest worker's compute factor this iteration
+        self.on_iteration_start: Callable = lambda worker, iteration, time: None
 
     # -- compute ---------------------------------------------------------------------------------------
     def _computing(self) -> bool:
@@ -270,6 +276,7 @@ class Simulation:
             return
         if i == 0:
             self._iteration_starts.append(self.loop.time)
+            self.on_iteration_start(self.worker, len(self._iteration_starts) - 1, self.loop.time)
             if self._iteration >= self.iterations:
                 return  # the start of the iteration after the last ends the measurement
             self._pace = self._slowest_pace()
@@ -424,12 +431,56 @@ def simulate_every_worker(layers: Sequence[Layer], cluster: ClusterSpec, setting
             followers.append(simulation.scheduler)
         network.port(0).on_send = lambda piece: [follower.announce(piece) for follower in followers]
     offsets = [w * cluster.skew for w in range(cluster.workers)]
+    if cluster.hold_skew:
+        hold = SkewHold(network, offsets)
+        for simulation in workers:
+            simulation.on_iteration_start = hold.started
     for simulation, offset in zip(workers, offsets):
         simulation.start(offset - min(offsets))
     loop.run()
     first, *others = [simulation.result() for simulation in workers]
     first.others = others
     return first
+
+
+class SkewHold:
+    """Holds every worker of a ``SharedServerNetwork`` at its offset from worker 0 (``offsets``, its
+    skew): once every worker started an iteration, each worker's weight on the servers' ingress
+    (``favour``) moves by exp(GAIN x its lateness beyond its offset, in iterations), within
+    [1/LIMIT, LIMIT].
+
+    Which worker's connection TCP favours, and how much, decides whether two workers drift apart or
+    stay in step; it differs from cluster to cluster and burst to burst (``scripts/bench_shares.py``:
+    the later worker's share of the bytes sent, 0.28 to 0.71), and equal shares, which the simulator
+    otherwise gives, drift every pair apart. A replay takes the recorded skew as the trace of that
+    favour, and this gives the favour that keeps it. LIMIT 2: a share of two thirds, about the most
+    measured."""
+
+    PROPORTIONAL = 3.0  # log-weight per iteration of lateness now
+    INTEGRAL = 1.0  # log-weight per iteration of lateness summed over the iterations so far
+    LIMIT = 2.0
+
+    def __init__(self, network, offsets: Sequence[float]) -> None:
+        self.network, self.offsets = network, list(offsets)
+        self._starts: dict[int, dict[int, float]] = {}
+        self._leader_start: float | None = None
+        self._summed = [0.0] * len(self.offsets)  # each worker's lateness so far, in iterations
+
+    def started(self, worker: int, iteration: int, time: float) -> None:
+        starts = self._starts.setdefault(iteration, {})
+        starts[worker] = time
+        if len(starts) < len(self.offsets):
+            return
+        del self._starts[iteration]
+        previous, self._leader_start = self._leader_start, starts[0]
+        if previous is None or starts[0] <= previous:
+            return  # no iteration's time yet to measure lateness in
+        for w in range(1, len(self.offsets)):
+            lateness = ((starts[w] - starts[0]) - (self.offsets[w] - self.offsets[0])) / (starts[0] - previous)
+            bound = math.log(self.LIMIT) / self.INTEGRAL  # no wind-up beyond the limit
+            self._summed[w] = min(bound, max(-bound, self._summed[w] + lateness))
+            weight = math.exp(self.PROPORTIONAL * lateness + self.INTEGRAL * self._summed[w])
+            self.network.favour(w, min(self.LIMIT, max(1 / self.LIMIT, weight)))
 
 
 class Follower:

@@ -220,7 +220,8 @@ class SharedServerNetwork:
     servers answer a pull once every worker has pushed those rows in that iteration, and each
     worker's answers come back in order, the head one a flow on their egress. A server link's
     direction is shared by its flows (processor sharing, as TCP shares a link between connections):
-    each moves at min(1, servers / flows) of a worker link's rate, at ``duplex_efficiency`` of that
+    each moves at min(1, servers / flows) of a worker link's rate (on the ingress in proportion to
+    its connection's weight, 1 unless ``favour`` gives another), at ``duplex_efficiency`` of that
     while the other direction carries a flow too. A message's work on each link is the engine's
     ``message_cost_s`` plus its bytes at the rate in force when it is sent (over ``comm_slowdown``
     while its worker computes)."""
@@ -237,6 +238,7 @@ class SharedServerNetwork:
         self._in = [[] for _ in range(workers)]
         self._out = [[] for _ in range(workers)]
         self._link_free = [0.0] * workers  # without back-pressure: when the worker's own link is through
+        self.ingress_weights = [1.0] * workers  # each connection's weight on the ingress (``favour``)
         self._pushed: dict[tuple[int, int], list[list[tuple[int, int]]]] = {}  # (iteration, index) -> per worker rows
         self._waiting: dict[tuple[int, int], list[tuple[int, object]]] = {}  # pulls not yet answerable
         self._updated = 0.0
@@ -295,14 +297,24 @@ class SharedServerNetwork:
         self._out[worker].append(["pull", task, self._work(self.ports[worker], task)])
 
     # -- the fluid links -----------------------------------------------------------------------------
-    def _rates(self) -> tuple[float, float]:
-        """Each flow's share of a worker link's rate on the ingress and on the egress."""
-        up = sum(1 for q in self._in if q)
+    def favour(self, worker: int, weight: float) -> None:
+        """Give ``worker``'s connection ``weight`` against the others' 1 on the servers' ingress: TCP
+        favours one worker's connection over another's (docs/ENGINE.md, "Two workers bursting
+        together"), which equal shares do not model; ``SkewHold`` sets it."""
+        self._advance()
+        self.ingress_weights[worker] = weight
+        self._reschedule()
+
+    def _rates(self) -> tuple[list[float], list[float]]:
+        """Each worker's head flow's share of a worker link's rate on the ingress and on the egress
+        (0 where it has none): the ingress water-filled by the workers' weights, each at most 1."""
+        up = [w for w, q in enumerate(self._in) if q]
         down = sum(1 for q in self._out if q)
         e = self.traits.duplex_efficiency
-        up_rate = min(1.0, self.capacity / up) * (e if down else 1.0) if up else 0.0
-        down_rate = min(1.0, self.capacity / down) * (e if up else 1.0) if down else 0.0
-        return up_rate, down_rate
+        ingress = _water_fill(self.capacity, {w: self.ingress_weights[w] for w in up}, len(self._in))
+        ins = [rate * (e if down else 1.0) for rate in ingress]
+        share = min(1.0, self.capacity / down) * (e if up else 1.0) if down else 0.0
+        return ins, [share if q else 0.0 for q in self._out]
 
     def _groups(self):
         return zip((self._in, self._out), self._rates())
@@ -313,8 +325,8 @@ class SharedServerNetwork:
         self._updated = now
         if elapsed <= 0:
             return
-        for queues, rate in self._groups():
-            for q in queues:
+        for queues, rates in self._groups():
+            for q, rate in zip(queues, rates):
                 if q:
                     q[0][2] -= elapsed * rate
 
@@ -328,8 +340,8 @@ class SharedServerNetwork:
             for w, q in done:
                 self._complete(w, q.pop(0))
         soonest = math.inf
-        for queues, rate in self._groups():
-            for q in queues:
+        for queues, rates in self._groups():
+            for q, rate in zip(queues, rates):
                 if q and rate > 0:
                     soonest = min(soonest, q[0][2] / rate)
         self._generation += 1
@@ -363,6 +375,25 @@ class SharedServerNetwork:
         self._advance()
         self._request(*item)
         self._reschedule()
+
+
+def _water_fill(capacity: float, weights: dict[int, float], size: int) -> list[float]:
+    """Shares of ``capacity`` (worker links' worth) among the flows of ``weights`` (worker -> weight),
+    in proportion to their weights, none above 1 (its own link's rate); the rest to the others."""
+    rates = [0.0] * size
+    left = dict(weights)
+    while left:
+        total = sum(left.values())
+        capped = [w for w, weight in left.items() if capacity * weight / total > 1.0]
+        if not capped:
+            for w, weight in left.items():
+                rates[w] = capacity * weight / total
+            break
+        for w in capped:
+            rates[w] = 1.0
+            capacity -= 1.0
+            del left[w]
+    return rates
 
 
 class _Port(_Network):

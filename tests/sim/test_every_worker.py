@@ -11,6 +11,7 @@ from byteps_prophet.core import Settings
 from byteps_prophet.core.engine import load_engine
 from byteps_prophet.errors import UserError
 from byteps_prophet.sim.engine import ClusterSpec, Layer, simulate
+from byteps_prophet.sim.network import _water_fill
 
 CALIBRATED_BYTEPS = str(Path(__file__).resolve().parents[2] / "docs" / "replay" / "engine_byteps.json")
 LAYERS = [Layer(f"w{i}", (250_000,), 2e-3, 4e-3) for i in range(8)]  # 1 MB each: 8 ms at 1 Gbit/s
@@ -89,3 +90,40 @@ def test_every_worker_on_its_own_is_a_parameter_servers_and_bounded():
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--skew" in lines[0] and "ddp" in lines[0]
+    with pytest.raises(UserError, match="hold_skew holds the workers at a skew; valid: a skew with it"):
+        ClusterSpec(workers=2, hold_skew=True)
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "simulate", "--model", "alexnet", "--workers", "2",
+                           "--hold-skew"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--hold-skew holds the workers at their --skew" in lines[0]
+
+
+def test_the_servers_ingress_is_shared_by_the_connections_weights_each_at_most_its_own_link():
+    assert _water_fill(1.0, {0: 2.0, 1: 1.0}, 3) == pytest.approx([2 / 3, 1 / 3, 0.0])
+    assert _water_fill(1.0, {0: 1.0, 1: 1.0}, 2) == pytest.approx([0.5, 0.5])
+    # two servers' worth for two connections: each its own link's rate, whatever the weights
+    assert _water_fill(2.0, {0: 3.0, 1: 1.0}, 2) == pytest.approx([1.0, 1.0])
+    # the favoured one capped at its link, the rest shared by the others' weights
+    assert _water_fill(2.0, {0: 6.0, 1: 1.0, 2: 3.0}, 3) == pytest.approx([1.0, 0.25, 0.75])
+
+
+def held_skews(scheduler, skew, hold):
+    cluster = ClusterSpec(workers=2, bandwidth=1e9 / 8, engine=load_engine(CALIBRATED_BYTEPS).replace(servers=1),
+                          skew=skew, hold_skew=hold)
+    result = simulate(LAYERS, cluster, Settings(scheduler=scheduler), 24, 6)
+    return [late - early for early, late in zip(result.iteration_starts, result.others[0].iteration_starts)]
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "bytescheduler"])
+@pytest.mark.parametrize("skew", [0.02, 0.005])
+def test_a_held_skew_stays_where_equal_shares_drift_apart(scheduler, skew):
+    """Started 5 or 20 ms apart, equal shares drift the pair to 44 ms apart; held (the late worker's
+    connection weighted on the servers' ingress, as TCP favours one worker), the pair ends its last
+    eight iterations within a few ms of its skew, every row still sent once (the test above)."""
+    free = held_skews(scheduler, skew, hold=False)
+    assert free[-2] == pytest.approx(0.0437, abs=1e-3)
+    held = held_skews(scheduler, skew, hold=True)[-8:]
+    assert abs(sum(held) / len(held) - skew) < 4e-3, held
+    assert max(abs(s - skew) for s in held) < 0.012, held
+
