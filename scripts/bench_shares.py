@@ -25,6 +25,7 @@ docs/replay/shares-*.json, each with its commit and command.
     scripts/bench_shares.py --tcp bbr --leads 0,0.2,0.45 --rates       # what share does the later worker take?
     scripts/bench_shares.py --tcp bbr --leads 0.2 --pause 1 --gaps 0.1   # after 1 s idle, ops 0.1 s apart
     scripts/bench_shares.py --tcp bbr --leads 0.6 --chain 6 --compute 0.33  # computing between bursts
+    scripts/bench_shares.py --leads 0.2,0.6 --chain 6 --reps 3 --gaps 0.02 --compute 0.18 --rates  # as training
 """
 from __future__ import annotations
 
