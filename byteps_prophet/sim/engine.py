@@ -446,8 +446,10 @@ def simulate_every_worker(layers: Sequence[Layer], cluster: ClusterSpec, setting
 class SkewHold:
     """Holds every worker of a ``SharedServerNetwork`` at its offset from worker 0 (``offsets``, its
     skew): once every worker started an iteration, each worker's weight on the servers' ingress
-    (``favour``) moves by exp(GAIN x its lateness beyond its offset, in iterations), within
-    [1/LIMIT, LIMIT].
+    (``favour``) is exp(PROPORTIONAL x its lateness beyond its offset + INTEGRAL x that lateness
+    summed over the iterations so far), lateness counted in iterations (of worker 0's last), within
+    [1/LIMIT, LIMIT]. The summed term holds a steady drift; the proportional one damps the swings
+    the summed one alone sets off.
 
     Which worker's connection TCP favours, and how much, decides whether two workers drift apart or
     stay in step; it differs from cluster to cluster and burst to burst (``scripts/bench_shares.py``:
@@ -475,9 +477,9 @@ class SkewHold:
         previous, self._leader_start = self._leader_start, starts[0]
         if previous is None or starts[0] <= previous:
             return  # no iteration's time yet to measure lateness in
+        bound = math.log(self.LIMIT) / self.INTEGRAL  # the sum winds up no further than the limit
         for w in range(1, len(self.offsets)):
             lateness = ((starts[w] - starts[0]) - (self.offsets[w] - self.offsets[0])) / (starts[0] - previous)
-            bound = math.log(self.LIMIT) / self.INTEGRAL  # no wind-up beyond the limit
             self._summed[w] = min(bound, max(-bound, self._summed[w] + lateness))
             weight = math.exp(self.PROPORTIONAL * lateness + self.INTEGRAL * self._summed[w])
             self.network.favour(w, min(self.LIMIT, max(1 / self.LIMIT, weight)))
