@@ -54,10 +54,10 @@ def register(subparsers) -> None:
                         "worker w starting w x SECONDS after worker 0 (workers out of step share the servers' "
                         "links unlike one representative worker; default: one representative worker)")
     p.add_argument("--hold-skew", action="store_true",
-                   help="with --skew: hold every worker at its skew, giving it the share of the servers' ingress "
-                        "that keeps it there (which worker TCP favours differs from cluster to cluster; equal "
-                        "shares drift workers apart), as a replay takes a recording's skew (default: start "
-                        "apart, then drift)")
+                   help="with --skew and 2 workers: hold the late worker at its skew, giving it the share of the "
+                        "servers' ingress that keeps it there (which worker TCP favours differs from cluster to "
+                        "cluster; equal shares drift workers apart), as a replay takes a recording's skew "
+                        "(default: start apart, then drift)")
     p.add_argument("--slow-worker", type=float, default=1.0, metavar="FACTOR",
                    help="one worker computes FACTOR times slower (default 1: none)")
     p.add_argument("--bandwidth-at", action="append", default=[], metavar="TIME=RATE",
@@ -165,6 +165,9 @@ def run(args) -> int:
     if args.hold_skew and args.skew is None:
         raise UserError("--hold-skew holds the workers at their --skew; valid: --skew SECONDS with it, or no "
                         "--hold-skew")
+    if args.hold_skew and args.workers != 2:
+        raise UserError(f"--hold-skew with --workers {args.workers}: a skew is held between two workers (the favour "
+                        f"TCP gives one of two, as measured); valid: --workers 2, or no --hold-skew")
     cluster = ClusterSpec(
         workers=args.workers, servers=args.servers, arch=args.arch, bandwidth=_bytes_per_s(bandwidth),
         overhead=parse_latency(args.overhead or "50us", "--overhead") / 1e6,

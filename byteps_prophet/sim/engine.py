@@ -102,6 +102,9 @@ class ClusterSpec:
             if self.workers > MAX_SIMULATED_WORKERS:
                 raise UserError(f"skew={self.skew} with workers={self.workers}: every worker simulated on its own "
                                 f"takes at most {MAX_SIMULATED_WORKERS}; valid: fewer workers, or no skew")
+            if self.hold_skew and self.workers != 2:
+                raise UserError(f"hold_skew with workers={self.workers}: a skew is held between two workers (the "
+                                f"favour TCP gives one of two, as measured); valid: 2 workers, or no hold_skew")
         elif self.hold_skew:
             raise UserError("hold_skew holds the workers at a skew; valid: a skew with it, or no hold_skew")
 
@@ -444,8 +447,8 @@ def simulate_every_worker(layers: Sequence[Layer], cluster: ClusterSpec, setting
 
 
 class SkewHold:
-    """Holds every worker of a ``SharedServerNetwork`` at its offset from worker 0 (``offsets``, its
-    skew): once every worker started an iteration, each worker's weight on the servers' ingress
+    """Holds the workers of a ``SharedServerNetwork`` at their offsets from worker 0 (``offsets``, the
+    skew; ``ClusterSpec`` allows it for two workers, the favour measured): once every worker started an iteration, each worker's weight on the servers' ingress
     (``favour``) is exp(PROPORTIONAL x its lateness beyond its offset + INTEGRAL x that lateness
     summed over the iterations so far), lateness counted in iterations (of worker 0's last), within
     [1/LIMIT, LIMIT]. The summed term holds a steady drift; the proportional one damps the swings

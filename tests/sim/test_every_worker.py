@@ -92,11 +92,17 @@ def test_every_worker_on_its_own_is_a_parameter_servers_and_bounded():
     assert len(lines) == 1 and "--skew" in lines[0] and "ddp" in lines[0]
     with pytest.raises(UserError, match="hold_skew holds the workers at a skew; valid: a skew with it"):
         ClusterSpec(workers=2, hold_skew=True)
+    with pytest.raises(UserError, match="hold_skew with workers=4: .*valid: 2 workers, or no hold_skew"):
+        ClusterSpec(workers=4, skew=0.01, hold_skew=True)
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "simulate", "--model", "alexnet", "--workers", "2",
                            "--hold-skew"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--hold-skew holds the workers at their --skew" in lines[0]
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "simulate", "--model", "alexnet", "--workers", "4",
+                           "--skew", "0.1", "--hold-skew"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "valid: --workers 2, or no --hold-skew" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_the_servers_ingress_is_shared_by_the_connections_weights_each_at_most_its_own_link():
