@@ -195,12 +195,12 @@ def answers_s(first: list[dict], second: list[dict]) -> list[dict]:
     each sent and retransmitted meanwhile."""
     rows = []
     for a, b in zip(first, second):
-        ends = [(w["start"] - a["start"] + min(w["done_s"]), w["start"] - a["start"] + max(w["done_s"])) for w in (a, b)]
+        done = [[w["start"] - a["start"] + t for t in w["done_s"]] for w in (a, b)]
         rows.append({"lead": a.get("lead", 0.0), "k": a.get("k", 0), "starts": [a["start"], b["start"]],
                      "lead_s": round(b["start"] - a["start"], 4),
-                     "first_s": [round(e[0], 4) for e in ends], "last_s": [round(e[1], 4) for e in ends],
-                     "last_later_s": round(ends[1][1] - ends[0][1], 4),
-                     "done_s": [[round(w["start"] - a["start"] + t, 4) for t in w["done_s"]] for w in (a, b)]})
+                     "first_s": [round(min(d), 4) for d in done], "last_s": [round(max(d), 4) for d in done],
+                     "last_later_s": round(max(done[1]) - max(done[0]), 4),
+                     "done_s": [[round(t, 4) for t in d] for d in done]})
         if "link" in a and "link" in b:
             rows[-1]["sent_shares"] = sent_shares(a, b)
         if "segments" in a and "segments" in b:
