@@ -435,7 +435,7 @@ def simulate_every_worker(layers: Sequence[Layer], cluster: ClusterSpec, setting
         network.port(0).on_send = lambda piece: [follower.announce(piece) for follower in followers]
     offsets = [w * cluster.skew for w in range(cluster.workers)]
     if cluster.hold_skew:
-        hold = SkewHold(network, offsets)
+        hold = SkewHold(network, cluster.skew)
         for simulation in workers:
             simulation.on_iteration_start = hold.started
     for simulation, offset in zip(workers, offsets):
@@ -447,45 +447,44 @@ def simulate_every_worker(layers: Sequence[Layer], cluster: ClusterSpec, setting
 
 
 class SkewHold:
-    """Holds the workers of a ``SharedServerNetwork`` at their offsets from worker 0 (``offsets``, the
-    skew; ``ClusterSpec`` allows it for two workers, the favour measured): once every worker started an iteration, each worker's weight on the servers' ingress
-    (``favour``) is exp(PROPORTIONAL x its lateness beyond its offset + INTEGRAL x that lateness
-    summed over the iterations so far), lateness counted in iterations (of worker 0's last), within
-    [1/LIMIT, LIMIT]. The summed term holds a steady drift; the proportional one damps the swings
-    the summed one alone sets off.
+    """Holds worker 1 of a two-worker ``SharedServerNetwork`` ``skew`` seconds behind worker 0: once
+    both started an iteration, worker 1's weight on the servers' ingress (``favour``) is
+    exp(PROPORTIONAL x its lateness beyond the skew + INTEGRAL x that lateness summed over the
+    iterations so far), lateness counted in iterations (of worker 0's last), within [1/LIMIT, LIMIT].
+    The summed term holds a steady drift; the proportional one damps the swings the summed one alone
+    sets off.
 
     Which worker's connection TCP favours, and how much, decides whether two workers drift apart or
     stay in step; it differs from cluster to cluster and burst to burst (``scripts/bench_shares.py``:
     the later worker's share of the bytes sent, 0.28 to 0.71), and equal shares, which the simulator
     otherwise gives, drift every pair apart. A replay takes the recorded skew as the trace of that
     favour, and this gives the favour that keeps it. LIMIT 2: a share of two thirds, about the most
-    measured."""
+    measured (between two workers, which is why ``ClusterSpec`` allows it for two)."""
 
     PROPORTIONAL = 3.0  # log-weight per iteration of lateness now
     INTEGRAL = 1.0  # log-weight per iteration of lateness summed over the iterations so far
     LIMIT = 2.0
 
-    def __init__(self, network, offsets: Sequence[float]) -> None:
-        self.network, self.offsets = network, list(offsets)
-        self._starts: dict[int, dict[int, float]] = {}
+    def __init__(self, network, skew: float) -> None:
+        self.network, self.skew = network, skew
+        self._starts: dict[int, dict[int, float]] = {}  # iteration -> worker -> its start, until both started
         self._leader_start: float | None = None
-        self._summed = [0.0] * len(self.offsets)  # each worker's lateness so far, in iterations
+        self._summed = 0.0  # worker 1's lateness so far, in iterations
 
     def started(self, worker: int, iteration: int, time: float) -> None:
         starts = self._starts.setdefault(iteration, {})
         starts[worker] = time
-        if len(starts) < len(self.offsets):
+        if len(starts) < 2:
             return
         del self._starts[iteration]
         previous, self._leader_start = self._leader_start, starts[0]
         if previous is None or starts[0] <= previous:
             return  # no iteration's time yet to measure lateness in
+        lateness = (starts[1] - starts[0] - self.skew) / (starts[0] - previous)
         bound = math.log(self.LIMIT) / self.INTEGRAL  # the sum winds up no further than the limit
-        for w in range(1, len(self.offsets)):
-            lateness = ((starts[w] - starts[0]) - (self.offsets[w] - self.offsets[0])) / (starts[0] - previous)
-            self._summed[w] = min(bound, max(-bound, self._summed[w] + lateness))
-            weight = math.exp(self.PROPORTIONAL * lateness + self.INTEGRAL * self._summed[w])
-            self.network.favour(w, min(self.LIMIT, max(1 / self.LIMIT, weight)))
+        self._summed = min(bound, max(-bound, self._summed + lateness))
+        weight = math.exp(self.PROPORTIONAL * lateness + self.INTEGRAL * self._summed)
+        self.network.favour(1, min(self.LIMIT, max(1 / self.LIMIT, weight)))
 
 
 class Follower:
