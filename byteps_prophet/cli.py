@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "byteps_prophet.cluster.cli",
     "byteps_prophet.ab.cli",
     "byteps_prophet.calibrate.cli",
+    "byteps_prophet.deploy.cli",
 )
 
 
