@@ -251,6 +251,21 @@ def source_address(address: str, port: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------- role
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def clean_stale_socket_dirs(base: str | None = None) -> list[str]:
     """Remove BytePS socket directories of launchers that were killed (their pid is gone)."""
     base = base or tempfile.gettempdir()
@@ -263,14 +278,7 @@ def clean_stale_socket_dirs(base: str | None = None) -> list[str]:
         if not entry.startswith(SOCKET_DIR_PREFIX):
             continue
         pid = entry[len(SOCKET_DIR_PREFIX):].split("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
             continue
         shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
         removed.append(entry)
