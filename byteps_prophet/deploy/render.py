@@ -134,7 +134,7 @@ def _env_list(env: dict[str, str]) -> list[dict]:
 
 
 def _pod_spec(description: Description, role: str, env: list[dict], args: list[str], *,
-              restart: str, shm: bool = True) -> dict:
+              restart: str, shm: str = "shm") -> dict:
     container = {
         "name": role,
         "image": description.image,
@@ -153,9 +153,8 @@ def _pod_spec(description: Description, role: str, env: list[dict], args: list[s
     for i, volume in enumerate(description.volumes):
         mounts.append({"name": f"data-{i}", "mountPath": volume.path, "readOnly": volume.read_only})
         volumes.append({"name": f"data-{i}", "hostPath": {"path": volume.host, "type": "Directory"}})
-    if shm:
-        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
-        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}})
+    mounts.append({"name": shm, "mountPath": "/dev/shm"})
+    volumes.append({"name": shm, "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}})
     if mounts:
         container["volumeMounts"] = mounts
     spec = {"restartPolicy": restart, "containers": [container]}
@@ -230,8 +229,9 @@ def render_pods(description: Description) -> list[dict]:
             env["DMLC_WORKER_ID"] = str(index)
         args = _args(d, role, ["--server-id", str(index)] if role == "server" else None)
         labels = _labels(d, role)
+        # podman plays an emptyDir as a named volume, shared by every pod that names it: one per pod
         pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
-                     "spec": _pod_spec(d, role, _env_list(env), args, restart="Never")})
+                     "spec": _pod_spec(d, role, _env_list(env), args, restart="Never", shm=f"{name}-shm")})
     return pods
 
 
