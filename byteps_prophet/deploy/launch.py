@@ -104,9 +104,10 @@ class LaunchSpec:
 
     @property
     def name(self) -> str:
-        """This host's name in messages: scheduler, server-<id> (server-? until assigned), worker-<id>."""
+        """This host's name in messages: scheduler, server-<id> (server until the scheduler host numbers
+        it), worker-<id>."""
         if self.role == "server" and self.server_id is None:
-            return "server-?"
+            return "server"
         index = self.worker_id if self.role == "worker" else self.server_id
         return host_name(self.role, index or 0)
 
