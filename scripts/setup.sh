@@ -13,7 +13,7 @@ command -v ip >/dev/null || need_apt+=(iproute2)
 command -v tc >/dev/null || need_apt+=(iproute2)
 command -v docker-compose >/dev/null || need_apt+=(docker-compose)
 [[ -e /usr/include/numa.h ]] || need_apt+=(libnuma-dev)
-command -v podman >/dev/null || need_apt+=(podman runc catatonit)   # tests/deploy: podman kube play
+command -v podman >/dev/null || need_apt+=(podman runc catatonit netavark aardvark-dns)   # tests/deploy: podman kube play
 if ((${#need_apt[@]})); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     say "installing system packages: ${need_apt[*]}"

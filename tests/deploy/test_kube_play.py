@@ -38,6 +38,11 @@ def _reason() -> str | None:
         return "podman kube play needs root here"
     if shutil.which("podman") is None:
         return "podman is not installed (apt-get install podman runc catatonit; scripts/setup.sh does)"
+    backend = subprocess.run(["podman", "info", "--format", "{{.Host.NetworkBackend}}"], capture_output=True,
+                             text=True, timeout=120).stdout.strip()
+    if backend != "netavark":
+        return (f"podman's network backend is {backend or 'unknown'}: pods do not resolve each other's names "
+                f"(needs netavark and aardvark-dns)")
     probe = subprocess.run([sys.executable, "-c", "import byteps.torch"], capture_output=True, timeout=120)
     return None if probe.returncode == 0 else "byteps is not built (scripts/build_byteps.sh)"
 
