@@ -479,8 +479,10 @@ class Launcher:
                     conn, addr = listener.accept()
                 except (BlockingIOError, InterruptedError):
                     continue
-                if not accepting:
-                    conn.close()  # not part of the job any more
+                if not accepting:  # a host launched after the job started: tell it, not part of this job
+                    Channel(conn).send(reject="the job had already started without it (every host must be "
+                                              "launched before the scheduler host starts the job)")
+                    conn.close()
                     continue
                 conn.setblocking(False)
                 peer = Peer(Channel(conn), addr[0])
@@ -488,7 +490,10 @@ class Launcher:
                 self.selector.register(conn, selectors.EVENT_READ, peer)
                 continue
             peer = key.data
-            messages = peer.channel.receive()
+            try:
+                messages = peer.channel.receive()
+            except ValueError:  # not our wire format: a stranger's connection is dropped, a host's line ignored
+                messages = None if peer.name == "?" else []
             if messages is None:
                 self.selector.unregister(peer.channel.sock)
                 peers.remove(peer)
@@ -518,8 +523,13 @@ class Launcher:
             except JobEnded as end:
                 raise JobEnded(end.status, end.reason.replace(" lost:", " left before the job started:"))
             for peer, message in messages:
-                if "hello" in message:
-                    self._welcome(peer, message, taken)
+                if "hello" in message and peer.name == "?":
+                    try:
+                        self._welcome(peer, message, taken)
+                    except (TypeError, ValueError):  # a hello we cannot read: not one of our launchers
+                        self.selector.unregister(peer.channel.sock)
+                        peer.channel.sock.close()
+                        peers.remove(peer)
             self._beat([p for p in peers if p.name != "?"], last)
 
     def _missing(self, taken: Mapping[str, Peer]) -> list[str]:
@@ -675,7 +685,10 @@ class Launcher:
                         say(f"{spec.name} failed: {describe_status(status)}; job ended (exit {exit_code(status)})")
                         return exit_code(status)
             for _key, _ in self.selector.select(0.1):
-                messages = channel.receive()
+                try:
+                    messages = channel.receive()
+                except ValueError:
+                    messages = []
                 if messages is None:
                     raise JobEnded(1, f"scheduler lost: the scheduler host {where} closed the connection "
                                       f"(its launcher ended or was killed)")

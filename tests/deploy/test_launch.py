@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -215,3 +216,31 @@ def test_stale_socket_dirs_of_dead_launchers_are_removed(tmp_path):
     (tmp_path / f"bpp-launch-{os.getppid()}-live").mkdir()
     assert launch.clean_stale_socket_dirs(str(tmp_path)) == [f"bpp-launch-{dead.pid}-abc"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"bpp-launch-{os.getppid()}-live"]
+
+
+def test_a_stranger_on_the_control_port_does_not_disturb_the_job(tmp_path):
+    port = free_port_pair()
+    hosts = Hosts(str(tmp_path))
+    common = ["--scheduler-addr", "127.0.0.1", "--scheduler-port", str(port), "--servers", "1", "--workers", "1",
+              "--connect-timeout", "20", "--grace", "2"]
+    hosts.start("scheduler", LAUNCH + ["--role", "scheduler"] + common + ["--", "sleep", "4"])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # a port scanner, a health check: garbage, then gone
+        try:
+            with socket.create_connection(("127.0.0.1", port + 1), timeout=1) as stranger:
+                stranger.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            break
+        except OSError:
+            time.sleep(0.1)
+    hosts.start("server-0", LAUNCH + ["--role", "server"] + common + ["--", "sleep", "4"])
+    hosts.start("worker-0", LAUNCH + ["--role", "worker"] + common + ["--", "sleep", "4"])
+    try:
+        deadline = time.monotonic() + 30
+        while "job started" not in hosts.hosts["scheduler"].output() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        late = hosts.start("late", LAUNCH + ["--role", "worker"] + common + ["--", "sleep", "1"])
+        codes = hosts.wait(30)
+    finally:
+        hosts.kill_all()
+    assert codes == {"scheduler": 0, "server-0": 0, "worker-0": 0, "late": 2}, hosts.report()
+    assert "the job had already started without it" in late.last_line()
