@@ -28,7 +28,7 @@ if [[ $REAL == 1 ]]; then
   if [[ $(id -u) == 0 ]] && ip netns list >/dev/null 2>&1; then
     echo "==> real A/B: vgg, torch/gloo, 2 workers, 1gbit (progress on stderr)"
     .venv/bin/byteps-prophet ab --framework torch --backend gloo --model vgg --workers 2 --bandwidth 1gbit \
-      --steps 6 --warmup 2 --rounds 2 --tune-steps 2 --tune-probes 3,1 --plot out/demo_ab.png \
+      --steps 6 --warmup 3 --rounds 2 --tune-steps 2 --tune-probes 3,1 --plot out/demo_ab.png \
       --variants fifo,bytescheduler,bytescheduler_tuned,prophet,compute_only,comm_only
   else
     echo "==> real A/B skipped: needs root for network namespaces and tc (shaped links); simulation only"

@@ -39,7 +39,8 @@ def register(subparsers) -> None:
                         "communication), comm_only (only the gradients' synchronisation, no compute; not for mxnet/byteps); "
                         "and what a torch user runs instead: ddp, ddp_tuned (torch DistributedDataParallel, default "
                         "bucket and the best of --bucket-sweep; torch/gloo), byteps_stock (BytePS's own optimizer; torch/byteps); "
-                        "prophet_fused, prophet_unfused (Prophet with BYTEPS_PROPHET_FUSE=1 / 0 for that run)")
+                        "prophet_fused, prophet_unfused (Prophet with BYTEPS_PROPHET_FUSE=1 / 0 for that run); "
+                        "bytescheduler_overlap, prophet_overlap (layer-wise overlap on, BYTEPS_PROPHET_OVERLAP=1)")
     p.add_argument("--bucket-sweep", default="0.5,1,2,5,10,25,50", metavar="MB,MB,...",
                    help="DDP bucket sizes the ddp_tuned variant's tuning run tries, --tune-steps steps each")
     p.add_argument("--record", default=None, metavar="DIR",

@@ -44,7 +44,11 @@ BUCKET_SWEEP_MB = "0.5,1,2,5,10,25,50"
 # Opt-in: Prophet with its fused collectives forced on or off (BYTEPS_PROPHET_FUSE=1 / 0 for that run
 # only), so that fusion can be decided in one interleaved A/B (docs/DESIGN.md, "Fused collectives").
 PROPHET_FUSE = {"prophet_fused": "1", "prophet_unfused": "0"}
-CHOICES = VARIANTS + tuple(PROPHET_FUSE) + BASELINES + (COMPUTE_ONLY, COMM_ONLY)
+# Opt-in: a scheduler with layer-wise overlap on (BYTEPS_PROPHET_OVERLAP=1 for that run only), so that
+# the default, stock step() semantics, can be weighed against it in one interleaved A/B (docs/DESIGN.md,
+# "Stock step() semantics by default").
+OVERLAP = {"bytescheduler_overlap": "bytescheduler", "prophet_overlap": "prophet"}
+CHOICES = VARIANTS + tuple(PROPHET_FUSE) + tuple(OVERLAP) + BASELINES + (COMPUTE_ONLY, COMM_ONLY)
 REFERENCES = (COMPUTE_ONLY, COMM_ONLY)
 BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
 MXNET_SCALABLE = ("vgg", "transformer", "mlp")  # = mxnet.models.SCALABLE, without importing mxnet
@@ -154,6 +158,8 @@ def variant_env(variant: str, tuned_credit: int | None) -> dict[str, str]:
         return {"BYTEPS_SCHEDULER": "fifo"}
     if variant in PROPHET_FUSE:
         return {"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_FUSE": PROPHET_FUSE[variant]}
+    if variant in OVERLAP:
+        return {"BYTEPS_SCHEDULER": OVERLAP[variant], "BYTEPS_PROPHET_OVERLAP": "1"}
     env = {"BYTEPS_SCHEDULER": "bytescheduler" if variant.startswith("bytescheduler") else variant}
     if variant == "bytescheduler_tuned":
         if tuned_credit is None:
@@ -191,7 +197,7 @@ class ABRunner:
     def _check_warmup(self) -> None:
         """Prophet schedules by its profile only after profiling; a shorter warm-up measures it partly
         under ByteScheduler's credit (its fallback), which is not its steady state."""
-        if not {"prophet", *PROPHET_FUSE} & set(self.cfg.variants):
+        if not {"prophet", "prophet_overlap", *PROPHET_FUSE} & set(self.cfg.variants):
             return
         from byteps_prophet.core import Settings
 

@@ -50,7 +50,9 @@ class Settings:
     prophet_partition: int = -1
     # The torch plugin.
     backend: str = ""  # gloo, nccl, byteps, local; "" = from the process (torch.distributed, DMLC_ROLE, WORLD_SIZE)
-    overlap: bool = True  # layer-wise overlap: a forward waits only for its own layer's update
+    # layer-wise overlap: step() returns before every update landed, a forward waits only for its own
+    # layer's; off, step() returns with every parameter updated, as stock BytePS (docs/DESIGN.md)
+    overlap: bool = False
     layerwise: bool = True  # per-parameter update as each gradient is synchronised
     # Prophet's fused collectives on all-reduce (docs/DESIGN.md, "Fused collectives"), in the plugins and
     # the simulator alike; on: 1.29x over unfused on 4-worker gloo, 6 rounds pooled (docs/DESIGN.md, the decision)

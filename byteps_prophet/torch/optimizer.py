@@ -11,12 +11,19 @@ optimizer's own class that shares its parameter groups and state. Per iteration:
    ever waits for a gradient that does not come (unused or frozen parameters).
 2. **Scheduled synchronisation.** The scheduler (rank 0's; the other ranks follow its announced order,
    see :mod:`byteps_prophet.backends.sync`) starts slices; the backend synchronises them in place.
-3. **Layer-wise update.** When every row of a gradient is synchronised, that parameter alone is
-   stepped by the user's optimizer class (a shallow twin holding one parameter and sharing state and
-   hyper-parameters, re-read at each step so LR schedulers work), on the completion thread.
-4. **Layer-wise overlap.** ``step()`` returns at once; a global forward pre-hook makes each module's
-   next forward wait only for its own parameters' updates. ``zero_grad()`` defers the zeroing of a
-   parameter whose update is still pending to just after that update.
+3. **Layer-wise update.** Once ``step()`` is called, each parameter whose gradient is synchronised is
+   stepped alone by the user's optimizer class (a shallow twin holding one parameter and sharing state
+   and hyper-parameters, re-read at each step so LR schedulers work): those already synchronised at
+   once, the others on the completion thread as they arrive. ``step()`` returns when every parameter is
+   updated, as stock BytePS's does, so a script sees the same parameters wherever it looks
+   (docs/DESIGN.md, "Stock step() semantics by default"). ``synchronize()`` waits for the averaged
+   gradients only, so the clipping idiom (``synchronize()``, clip, ``step()`` in
+   ``skip_synchronize()``) works as with BytePS.
+4. **Layer-wise overlap** (opt-in, ``BYTEPS_PROPHET_OVERLAP=1``). ``step()`` returns at once; a global
+   forward pre-hook makes each module's next forward wait only for its own parameters' updates, and
+   ``state_dict()``, ``synchronize()`` and ``close()`` wait for all. Parameters read any other way
+   (directly, or outside their module's forward) may then be one update behind. ``zero_grad()``
+   defers the zeroing of a parameter whose update is still pending to just after that update.
 
 Failures on any thread (a dead peer, an order mismatch) are raised in the training thread at the
 next hook, forward, ``step()`` or ``synchronize()``.
@@ -24,10 +31,9 @@ next hook, forward, ``step()`` or ``synchronize()``.
 Configuration comes from ``Settings`` (read once from the environment; README "Settings"): besides the
 scheduler's, ``BYTEPS_PROPHET_BACKEND`` (gloo|nccl|byteps|local), ``BYTEPS_PROPHET_PROFILE`` (write
 the recorded profile there; ``{rank}`` is replaced, otherwise only rank 0 writes),
-``BYTEPS_PROPHET_TRACE``, ``BYTEPS_PROPHET_OVERLAP=0`` (``step()`` waits for every update: needed when
-parameters are used outside their module's forward), ``BYTEPS_PROPHET_LAYERWISE=0`` (no per-parameter
-update: ``step()`` waits for synchronisation, then steps the whole optimizer; use it for gradient
-clipping between ``synchronize()`` and ``step()``).
+``BYTEPS_PROPHET_TRACE``, ``BYTEPS_PROPHET_OVERLAP=1`` (layer-wise overlap, above),
+``BYTEPS_PROPHET_LAYERWISE=0`` (no per-parameter update: ``step()`` waits for synchronisation, then
+steps the whole optimizer at once).
 """
 from __future__ import annotations
 
@@ -111,12 +117,13 @@ def _prophet_atom_elements(settings: Settings) -> int:
 
 
 class _Param:
-    __slots__ = ("name", "index", "param", "group", "twin", "pending", "zero_after", "payload", "ctx",
+    __slots__ = ("name", "index", "param", "group", "twin", "pending", "synced", "zero_after", "payload", "ctx",
                  "rows_left", "posted_iteration")
 
     def __init__(self, name, index, param, group, twin):
         self.name, self.index, self.param, self.group, self.twin = name, index, param, group, twin
         self.pending = False  # synchronisation or update outstanding
+        self.synced = False  # synchronised, its update not applied yet (applied once its step() is called)
         self.zero_after: bool | None = None  # zero_grad(set_to_none) deferred until after the update
         self.payload = None  # the 2-D tensor on the wire
         self.ctx = None  # compression context
@@ -142,6 +149,7 @@ class _Engine:
         self.error: BaseException | None = None
         self.clock = MonotonicClock()
         self.iteration = 0
+        self._stepped = -1  # the last iteration whose step() was called: its updates apply as they come
         self._passes = 0
         self._callback_queued = False
         self._backward_ended = False
@@ -382,11 +390,25 @@ class _Engine:
                         issue_ts=None if issue is None else round(issue * 1e6, 3), **leader)
 
     def _synchronised(self, entry: _Param) -> None:
+        """Completion thread: the gradient is averaged. Its update applies now if its step() was called;
+        else step() applies it, so that between synchronize() and step() the user sees (and may clip)
+        the averaged gradient, as with stock BytePS."""
         p = entry.param
         if entry.ctx is not None or entry.payload.data_ptr() != (p.grad.data_ptr() if p.grad is not None else -1):
             restored = self.compression.decompress(entry.payload.reshape(p.grad.shape), entry.ctx)
             p.grad.copy_(restored)
         entry.payload = entry.ctx = None
+        with self.cond:
+            entry.synced = True
+            apply_now = not self.layerwise or entry.posted_iteration <= self._stepped
+            if not apply_now:
+                self.cond.notify_all()
+        if apply_now:
+            self._apply(entry)
+
+    def _apply(self, entry: _Param) -> None:
+        """Step this parameter alone (layer-wise), then mark it done. Exactly one thread calls it per
+        update: the completion thread, or step() for updates synchronised before it was called."""
         if self.layerwise:
             twin_group = entry.twin.param_groups[0]
             for key, value in entry.group.items():
@@ -395,11 +417,24 @@ class _Engine:
             self.base_cls.step(entry.twin)
         with self.cond:
             if entry.zero_after is not None:
-                _zero(p, entry.zero_after)
+                _zero(entry.param, entry.zero_after)
                 entry.zero_after = None
-            entry.pending = False
+            entry.pending = entry.synced = False
             self._pending_count -= 1
             self.cond.notify_all()
+
+    def apply_synchronised(self) -> None:
+        """step(): this iteration's updates apply from now on; those already synchronised apply here."""
+        with self.cond:
+            self._stepped = self.iteration
+            ready = [e for e in self.params if e.pending and e.synced]
+        for entry in ready:
+            self._apply(entry)
+
+    def _outstanding_update(self, entry: _Param) -> bool:
+        """Under cond: an update that will land without the user doing anything more (one synchronised
+        but waiting for its step() does not)."""
+        return entry.pending and not (entry.synced and entry.posted_iteration > self._stepped)
 
     def _on_error(self, err: BaseException) -> None:
         with self.cond:
@@ -418,13 +453,18 @@ class _Engine:
             while True:
                 if self.error is not None:
                     raise BackendError(str(self.error))
-                if not any(e.pending for e in entries):
+                if not any(self._outstanding_update(e) for e in entries):
                     return
                 self.cond.wait(WAIT_SLICE)
 
     def wait_all(self) -> None:
+        """Until every update that is coming has landed (not those still waiting for their step())."""
+        self._wait_for(self.params)
+
+    def wait_synchronised(self) -> None:
+        """Until every posted gradient is averaged (synchronize(): the updates wait for step())."""
         with self.cond:
-            while self._pending_count and self.error is None:
+            while self.error is None and any(e.pending and not e.synced for e in self.params):
                 self.cond.wait(WAIT_SLICE)
         self.raise_if_failed()
 
@@ -439,7 +479,8 @@ class _Engine:
             waiting = [self.by_id[id(p)] for p in module._parameters.values()
                        if p is not None and id(p) in self.by_id]
             if waiting:
-                blocked = any(e.pending for e in waiting)
+                with self.cond:
+                    blocked = any(self._outstanding_update(e) for e in waiting)
                 t0 = self.clock.now()
                 self._wait_for(waiting)
                 waited = self.clock.now() - t0
@@ -531,16 +572,18 @@ class _Engine:
         return self.trace.save(path, meta)
 
     # -- step -----------------------------------------------------------------------------------------------
-    def finish_backward(self) -> None:
-        """Make sure this iteration's gradients are all posted and its backward pass is closed."""
+    def finish_backward(self, stepping: bool = True) -> None:
+        """Make sure this iteration's gradients are all posted and its backward pass is closed.
+        ``step()`` before the last accumulation pass, or with no backward pass since the last step
+        (``broadcast_optimizer_state`` initialises the state so), synchronises every gradient there is,
+        as stock BytePS's does; ``synchronize()`` with nothing new since the last step has nothing to do."""
         self.raise_if_failed()
-        if self._passes == 0 and not self._posted_this_iteration:
-            return  # no backward pass since the last step: nothing to close
-        if 0 < self._passes < self.bpps:  # step() before the last accumulation pass: synchronise what there is
+        if 0 < self._passes < self.bpps or (stepping and not self._passes):
             for entry in self.params:
                 if entry.param.grad is not None:
                     self._post(entry)
-        self._end_backward()
+        if self._posted_this_iteration:
+            self._end_backward()
 
     def step_done(self) -> None:
         if self.trace is not None:
@@ -608,8 +651,10 @@ class _DistributedMixin:
         if not engine.layerwise:
             engine.wait_all()
             engine.base_cls.step(self)
-        elif not engine.overlap:
-            engine.wait_all()
+        else:
+            engine.apply_synchronised()
+            if not engine.overlap:
+                engine.wait_all()
         engine.step_done()
         return loss
 
@@ -625,9 +670,10 @@ class _DistributedMixin:
                         _zero(p, set_to_none)
 
     def synchronize(self):
-        """Wait until every gradient posted so far is synchronised (and, layer-wise, applied)."""
-        self._bpp.finish_backward()
-        self._bpp.wait_all()
+        """Wait until every gradient is averaged; the update waits for ``step()`` (call it inside
+        ``skip_synchronize()``), so the gradients can be read or clipped in between, as with BytePS."""
+        self._bpp.finish_backward(stepping=False)
+        self._bpp.wait_synchronised()
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -661,12 +707,16 @@ _LIVE: "weakref.WeakSet[_Engine]" = weakref.WeakSet()
 
 
 @atexit.register
-def _close_all() -> None:
+def close_all() -> None:
+    """Close every live optimizer (its last updates land, its threads end): at interpreter exit, and
+    from the patched ``byteps.torch.shutdown()`` before BytePS stops."""
     for engine in list(_LIVE):
         try:
             engine.close()
-        except Exception:  # noqa: BLE001 - at exit, nothing to report to
-            pass
+        except Exception as err:  # noqa: BLE001 - the others must still close
+            import sys
+
+            print(f"byteps-prophet: optimizer not closed cleanly: {err}", file=sys.stderr, flush=True)
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
