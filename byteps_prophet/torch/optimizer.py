@@ -40,6 +40,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 import threading
 import weakref
 from typing import Any, Iterable
@@ -599,11 +600,16 @@ class _Engine:
                 for it in [it for it in self._outstanding if it < self.iteration]:
                     self._maybe_end_iteration(it)
 
-    def close(self) -> None:
+    def close(self, alone: bool = False) -> None:
+        """Let the updates land, end the threads, write the trace and profile. ``alone``: the process
+        is leaving on an error, while the other ranks may wait for it: wait for nothing, and leave the
+        order channel to close with the process, so that the others learn of the failure as its
+        launcher does, when the process is gone, and the launcher names this rank, not the first
+        peer to notice."""
         if self.closed:
             return
         try:
-            if self.error is None:
+            if self.error is None and not alone:
                 self.wait_all()
         finally:
             self.closed = True
@@ -611,16 +617,15 @@ class _Engine:
                 h.remove()
             if self._timer is not None:
                 self._timer.close()
-            self.sync.close()
+            if not alone:
+                self.sync.close()
             self.save_trace()
             try:
                 self.save_profile()
             except UserError as err:  # a profile problem must not fail the training job
-                import sys
-
                 print(f"byteps-prophet: profile not written: {err}", file=sys.stderr, flush=True)
             finally:
-                self.backend.close(together=self.error is None)
+                self.backend.close(together=self.error is None and not alone)
 
 
 def _zero(p: torch.Tensor, set_to_none: bool) -> None:
@@ -709,13 +714,14 @@ _LIVE: "weakref.WeakSet[_Engine]" = weakref.WeakSet()
 @atexit.register
 def close_all() -> None:
     """Close every live optimizer (its last updates land, its threads end): at interpreter exit, and
-    from the patched ``byteps.torch.shutdown()`` before BytePS stops."""
+    from the patched ``byteps.torch.shutdown()`` before BytePS stops. After an unhandled exception
+    (Ctrl-C too; Python sets ``sys.last_value`` before the exit handlers) nothing is waited for: the
+    other ranks may be blocked on this one, and its launcher ends the job once it exits."""
+    alone = getattr(sys, "last_value", None) is not None
     for engine in list(_LIVE):
         try:
-            engine.close()
+            engine.close(alone=alone)
         except Exception as err:  # noqa: BLE001 - the others must still close
-            import sys
-
             print(f"byteps-prophet: optimizer not closed cleanly: {err}", file=sys.stderr, flush=True)
 
 

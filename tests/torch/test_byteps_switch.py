@@ -23,10 +23,6 @@ WORKER = str(Path(__file__).with_name("worker_bps_torch.py"))
 # Prophet's fixed BytePS atoms smaller still and not aligned with them, so slices cover atoms partly.
 ENV = {"BPP_STEPS": "10", "BYTESCHEDULER_PARTITION": "5000", "BYTESCHEDULER_CREDIT": "12000",
        "BYTEPS_PROPHET_ATOM_ELEMENTS": "3000"}
-# Stock BytePS (unset) runs one step: over several steps its two workers end with different parameters
-# here (0.016 apart after 4 steps; byteps_prophet's runs equal the reference to 1e-8), as with the MXNet
-# plugin (tests/mxnet/test_mxnet_switch.py, docs/MXNET.md).
-STOCK_STEPS = "1"
 KNOBS = ("BYTEPS_SCHEDULER", "BYTESCHEDULER_PARTITION", "BYTESCHEDULER_CREDIT", "BYTEPS_PROPHET_ATOM_ELEMENTS", "PROPHET_MODE",
          "BYTEPS_PROPHET_TRACE", "BYTEPS_PROPHET_PROFILE")
 
@@ -42,8 +38,7 @@ def results(run_switch_script, tmp_path_factory):
     out = tmp_path_factory.mktemp("bps-torch-switch")
 
     def env_for(scheduler):  # the trace is written by byteps_prophet's optimizer only: stock BytePS ignores it
-        return dict(ENV, BPP_OUT=str(out / f"{scheduler}.pt"), BYTEPS_PROPHET_TRACE=str(out / f"{scheduler}.trace.json"),
-                    **({"BPP_STEPS": STOCK_STEPS} if scheduler == "unset" else {}))
+        return dict(ENV, BPP_OUT=str(out / f"{scheduler}.pt"), BYTEPS_PROPHET_TRACE=str(out / f"{scheduler}.trace.json"))
 
     runs = run_switch_script(WORKER, env_for, KNOBS)
     values = {}
@@ -51,18 +46,14 @@ def results(run_switch_script, tmp_path_factory):
         files = [out / f"{scheduler}.rank{r}.pt" for r in range(2)]
         if result.ok and all(f.exists() for f in files):
             values[scheduler] = [torch.load(f) for f in files]
-    references = {}
-    for steps in {STOCK_STEPS, ENV["BPP_STEPS"]}:
-        path = out / f"reference-{steps}.pt"
-        subprocess.run([sys.executable, WORKER, "--reference", "2"], check=True, timeout=120,
-                       env=_clean_env(BPP_STEPS=steps, BPP_OUT=str(path)))
-        references[steps] = torch.load(path)
-    return values, runs, references, out
+    path = out / "reference.pt"
+    subprocess.run([sys.executable, WORKER, "--reference", "2"], check=True, timeout=120,
+                   env=_clean_env(BPP_OUT=str(path), BPP_STEPS=ENV["BPP_STEPS"]))
+    return values, runs, torch.load(path), out
 
 
 def _check(results, scheduler):
-    values, runs, references, _ = results
-    reference = references[STOCK_STEPS if scheduler == "unset" else ENV["BPP_STEPS"]]
+    values, runs, reference, _ = results
     result = runs[scheduler]
     assert result.ok, f"{scheduler}: {result.reason}\n" + "\n".join(
         f"--- {role}\n" + "\n".join(lines[-15:]) for role, lines in result.output.items())
