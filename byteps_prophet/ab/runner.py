@@ -352,7 +352,9 @@ PAIRS = (("prophet", "fifo"), ("prophet", "bytescheduler"), ("prophet", "bytesch
          ("bytescheduler_tuned", DDP), (DDP_TUNED, DDP), ("prophet", BYTEPS_STOCK), ("fifo", BYTEPS_STOCK),
          ("bytescheduler", BYTEPS_STOCK),
          ("prophet_fused", "prophet_unfused"), ("prophet_fused", "prophet"), ("prophet_fused", DDP),
-         ("prophet_unfused", DDP), ("prophet_fused", DDP_TUNED), ("prophet_unfused", DDP_TUNED))
+         ("prophet_unfused", DDP), ("prophet_fused", DDP_TUNED), ("prophet_unfused", DDP_TUNED),
+         ("prophet_overlap", "prophet"), ("bytescheduler_overlap", "bytescheduler"),
+         ("prophet_overlap", "bytescheduler_overlap"))
 
 
 def summarize(cfg: ABConfig, runs: list[dict], *, netns: bool | None, environment: dict, tuning: dict | None,

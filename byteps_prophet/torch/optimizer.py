@@ -679,6 +679,7 @@ class _DistributedMixin:
         ``skip_synchronize()``), so the gradients can be read or clipped in between, as with BytePS."""
         self._bpp.finish_backward(stepping=False)
         self._bpp.wait_synchronised()
+        self._bpp.wait_all()  # with overlap, the last step's updates too
 
     @contextlib.contextmanager
     def skip_synchronize(self):
