@@ -2,9 +2,11 @@
 """Stress BytePS's server for lost or stale updates: many short training runs on the local cluster,
 every rank's parameters compared with the single-process reference after every step.
 
-Each run is one fresh cluster (`byteps-prophet cluster run`) training tests/byteps/stress_worker.py, a
-plain byteps.torch script, under one configuration: a scheduler (BYTEPS_SCHEDULER), the server's
-engine threads, and the idle back-off of patch 0011 on or off. Configurations take turns, so a slow
+Each run is one fresh cluster (`byteps-prophet cluster run`) training a plain script that checks every
+step (`--path`: torch, tests/byteps/stress_worker.py over BytePS; byteps-mxnet, tests/mxnet/stress_worker.py
+with BytePS's DistributedTrainer; kvstore, the same with Gluon over MXNet's dist_sync parameter server)
+under one configuration: a scheduler (BYTEPS_SCHEDULER), the BytePS server's engine threads, and the
+idle back-off of patch 0011 on or off. Configurations take turns, so a slow
 spell of the machine falls on all of them. A run fails when any rank's parameters leave the reference
 (or the ranks end apart, or the run does not end cleanly).
 
@@ -28,7 +30,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKER = ROOT / "tests" / "byteps" / "stress_worker.py"
+# --path: the worker script, the cluster's engine, and the worker's environment
+PATHS = {"torch": (ROOT / "tests" / "byteps" / "stress_worker.py", "byteps", {}),
+         "byteps-mxnet": (ROOT / "tests" / "mxnet" / "stress_worker.py", "byteps", {"STRESS_STORE": "byteps"}),
+         "kvstore": (ROOT / "tests" / "mxnet" / "stress_worker.py", "mxnet", {"STRESS_STORE": "kvstore"})}
 SCHEDULERS = ("fifo", "bytescheduler", "prophet")
 BACKOFF = {"on": {}, "off": {"PS_ZMQ_IDLE_US": "0", "BYTEPS_LOOP_IDLE_US": "1"}}
 LINE = re.compile(r"rank (\d+) steps (\d+) mismatch_step (-?\d+) max_diff (\S+) sum (\S+)")
@@ -39,13 +44,14 @@ def configurations(schedulers, threads, backoffs):
 
 
 def run_once(config: dict, args) -> dict:
+    worker, engine, worker_env = PATHS[args.path]
     env = {"BYTEPS_SERVER_ENGINE_THREAD": str(config["engine_threads"]), "STRESS_STEPS": str(args.steps),
-           "STRESS_LAYERS": str(args.layers), **BACKOFF[config["backoff"]], **dict(args.env)}
+           "STRESS_LAYERS": str(args.layers), **worker_env, **BACKOFF[config["backoff"]], **dict(args.env)}
     cmd = [str(ROOT / ".venv" / "bin" / "byteps-prophet"), "cluster", "run", "--workers", str(args.workers),
-           "--servers", "1", "--bandwidth", args.bandwidth, "--timeout", str(args.timeout)]
+           "--servers", "1", "--engine", engine, "--bandwidth", args.bandwidth, "--timeout", str(args.timeout)]
     for key, value in env.items():
         cmd += ["-e", f"{key}={value}"]
-    cmd += ["--", sys.executable, str(WORKER)]
+    cmd += ["--", sys.executable, str(worker)]
     started = time.monotonic()
     proc = subprocess.run(cmd, env={**os.environ, "BYTEPS_SCHEDULER": config["scheduler"]},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -54,7 +60,7 @@ def run_once(config: dict, args) -> dict:
     sums = {r["sum"] for r in ranks.values()}
     matched = (proc.returncode == 0 and len(ranks) == args.workers and len(sums) == 1
                and all(r["mismatch_step"] < 0 for r in ranks.values()))
-    record = {**config, "steps": args.steps, "layers": args.layers, "rc": proc.returncode, "matched": matched,
+    record = {**config, "path": args.path, "steps": args.steps, "layers": args.layers, "rc": proc.returncode, "matched": matched,
               "seconds": round(time.monotonic() - started, 2), "ranks": ranks}
     if not matched:
         record["tail"] = proc.stdout.splitlines()[-3:]
@@ -64,12 +70,15 @@ def run_once(config: dict, args) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--path", default="torch", choices=tuple(PATHS),
+                        help="what trains: torch (byteps.torch), byteps-mxnet (byteps.mxnet's trainer), kvstore "
+                             "(Gluon over MXNet's dist_sync); default torch")
     parser.add_argument("--runs", type=int, default=20, help="runs in all, configurations in turn (default 20)")
     parser.add_argument("--schedulers", default="fifo,bytescheduler,prophet",
                         help=f"comma-separated, of {', '.join(SCHEDULERS)} (default: all)")
     parser.add_argument("--engine-threads", default="4", help="server engine threads, comma-separated (default 4)")
     parser.add_argument("--backoff", default="on,off", help="idle back-off of patch 0011: on, off or on,off")
-    parser.add_argument("--steps", type=int, default=40, help="training steps a run (default 40)")
+    parser.add_argument("--steps", type=int, default=200, help="training steps a run (default 200)")
     parser.add_argument("--layers", type=int, default=2,
                         help="linear layers of the model (default 2: the fastest steps, the tightest rounds)")
     parser.add_argument("--workers", type=int, default=2)

@@ -28,6 +28,9 @@ class TorchDistBackend(Backend):
         self.group = group
         self._store = None
         self._owns_group = False
+        # this iteration's collectives (their Work objects), referenced until the next iteration (_hold)
+        self._held: list = []
+        self._held_iteration = None
         self.setup()
 
     def setup(self) -> None:
@@ -96,8 +99,21 @@ class TorchDistBackend(Backend):
                 flat.div_(self.size)  # once, for the whole buffer
                 for member, reduced in zip(members, _unflatten_dense_tensors(flat, [m.tensor for m in members])):
                     member.tensor.copy_(reduced)
+            self._hold(op.iteration, [item[2] for item in work])
             return
         op.tensor.div_(self.size)
+        self._hold(op.iteration, [work])
+
+    def _hold(self, iteration: int, works: list) -> None:
+        """Keep a collective's Work referenced until the next iteration. gloo's worker thread drops its
+        own reference a moment after the collective completes; were it the last, that thread would
+        destroy the Work and release its tensors, which asks for the GIL (they are Python's too), and
+        a thread that asks for the GIL while the interpreter finalizes is ended by a forced unwind that
+        aborts the process ("terminate called without an active exception"). Held here, the Work is
+        released by Python, under the GIL; the last iteration's are kept for good by ``close``."""
+        if iteration != self._held_iteration:
+            self._held, self._held_iteration = [], iteration
+        self._held.extend(works)
 
     def close(self, together: bool = True) -> None:
         import torch.distributed as dist
@@ -106,13 +122,23 @@ class TorchDistBackend(Backend):
             try:
                 if together and self.size > 1:
                     # Leave together: a rank that tears the group down (rank 0: the store) while a peer
-                    # still uses it can abort at exit (see torch/bench.py, _leave_without_teardown)
+                    # still uses it would make the peer's last calls fail
                     dist.barrier(group=self.group)
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
             self._owns_group = False
         # The store (rank 0 hosts its server) goes now, not in the interpreter's teardown, where the
-        # plugin's objects (a cycle) outlive the user's script. Whether that is what aborted a rank
-        # now and then at exit is not shown (torch/bench.py, _leave_without_teardown)
+        # plugin's objects (a cycle) outlive the user's script.
         self._store = None
+        # gloo's worker threads may still hold the last iteration's Works; they must never drop the
+        # last reference while the interpreter finalizes (_hold), so these stay referenced until the
+        # process ends: a deliberate leak of one iteration's Works (and buffers) at exit.
+        _keep_until_exit(self._held)
+        self._held = []
+
+
+def _keep_until_exit(objects: list) -> None:
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(objects))

@@ -6,7 +6,7 @@ trains a reference copy on every rank's batch, averaged (what stock BytePS must 
 its parameters with it after each step. Ends with ``bps.shutdown()``, as scripts do.
 
 Prints one line per rank: ``rank R steps S mismatch_step M max_diff D sum X`` (M is -1 when every
-step matched). Exit status 3 on a mismatch. Knobs: STRESS_STEPS (default 40), STRESS_LAYERS (default 12).
+step matched). Exit status 3 on a mismatch. Knobs: STRESS_STEPS (default 200), STRESS_LAYERS (default 12).
 """
 import os
 import sys
@@ -15,7 +15,7 @@ import torch
 
 import byteps.torch as bps
 
-STEPS = int(os.environ.get("STRESS_STEPS", "40"))
+STEPS = int(os.environ.get("STRESS_STEPS", "200"))
 LAYERS = int(os.environ.get("STRESS_LAYERS", "2"))
 BATCH = 32
 TOLERANCE = 1e-6  # relative to the parameter's scale; a lost update moves it by a whole step
