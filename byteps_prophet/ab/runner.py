@@ -532,6 +532,15 @@ def describe_interval(pair: dict) -> str:
 
 
 def plot(summary: dict, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(summary)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def figure(summary: dict):
+    """The A/B's bar chart: each variant's median samples/s with its min-max, and the limit."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -541,10 +550,11 @@ def plot(summary: dict, path: str) -> None:
     med = [summary["results"][n]["samples_per_s"] for n in names]
     lo = [m - summary["results"][n]["min"] for n, m in zip(names, med)]
     hi = [summary["results"][n]["max"] - m for n, m in zip(names, med)]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.25 * len(names)), 4))
     colors = {"fifo": "#888", "bytescheduler": "#59c", "bytescheduler_tuned": "#37a", "prophet": "#d62",
               COMPUTE_ONLY: "#ccc", COMM_ONLY: "#ccc", DDP: "#6a6", DDP_TUNED: "#383", BYTEPS_STOCK: "#aaa"}
-    ax.bar(names, med, yerr=[lo, hi], capsize=6, color=[colors.get(n, "#888") for n in names])
+    ax.bar(range(len(names)), med, yerr=[lo, hi], capsize=6, color=[colors.get(n, "#888") for n in names])
+    ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names])  # long names on two lines
     limit = summary.get("limit")
     if limit:
         ax.axhline(limit["samples_per_s"], color="k", linestyle="--", linewidth=1)
@@ -554,5 +564,4 @@ def plot(summary: dict, path: str) -> None:
     ax.set_title(f"{cfg['model']} {cfg['framework']}/{cfg['backend']} x{cfg['workers']} @ {cfg['bandwidth']}"
                  + (" -> " + " -> ".join(cfg["bandwidth_schedule"]) if cfg["bandwidth_schedule"] else ""))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

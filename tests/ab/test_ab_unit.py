@@ -4,7 +4,7 @@ import json
 import pytest
 
 from byteps_prophet.ab.runner import (ABConfig, ABRunner, bench_command, format_table, link_bytes_per_step, parse_result,
-                                      plot, run_environment, variant_env)
+                                      figure, plot, run_environment, variant_env)
 from byteps_prophet.errors import UserError
 
 
@@ -220,3 +220,14 @@ def test_prophet_fused_and_unfused_differ_only_in_the_fusion_setting_the_plugins
     settings = {name: Settings.from_env({**variant_env(name, None)}) for name in ("prophet_fused", "prophet_unfused")}
     assert settings["prophet_fused"].fuse and not settings["prophet_unfused"].fuse
     assert settings["prophet_fused"].scheduler == settings["prophet_unfused"].scheduler == "prophet"
+
+
+def test_the_plots_variant_labels_do_not_overlap():
+    """The demo's six variants (its names the longest) fit side by side under their bars."""
+    variants = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet", "compute_only", "comm_only")
+    cfg = ABConfig(workers=2, batch=16, bandwidth="1gbit", rounds=1, variants=variants)
+    fig = figure(_summary_runner(cfg, [{v: 50 + i for i, v in enumerate(variants)}]).summary())
+    fig.canvas.draw()
+    boxes = [label.get_window_extent() for label in fig.axes[0].get_xticklabels()]
+    assert len(boxes) == len(variants)
+    assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), [(b.x0, b.x1) for b in boxes]
