@@ -50,6 +50,7 @@ per atom with the parameter's own lr/wd multipliers (the optimizer is re-keyed b
 """
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import copy
@@ -59,6 +60,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections import deque
 from typing import Any
 
@@ -241,6 +243,8 @@ class ScheduledKVStore(KVStoreBase):
                                   leader=not self._mirror, inline=True, make_op=self._announced_atom)
         self._probe = threading.Thread(target=self._probe_loop, name="bpp-mx-probe", daemon=True)
         self._probe.start()
+        self._closed = False
+        _LIVE_STORES.add(self)
 
     def _order_channel(self) -> SocketChannel | None:
         """Worker 0 announces its order to the others over a socket at ``MASTER_ADDR:MASTER_PORT``
@@ -750,7 +754,11 @@ class ScheduledKVStore(KVStoreBase):
     def close(self) -> None:
         """Wait for everything registered (at most ``BYTEPS_PROPHET_TIMEOUT``, Settings.timeout), then
         stop the store's threads; a synchronisation that never finishes (a peer gone, a bug) ends in
-        TimeoutError after the store is shut down, not in a hang."""
+        TimeoutError after the store is shut down, not in a hang. A script that never calls it gets it
+        at exit (close_all)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self.flush(timeout=self.settings.timeout)
         finally:
@@ -858,3 +866,25 @@ def _pairs(key, value) -> tuple[list, list]:
             raise UserError(f"ScheduledKVStore: {len(key)} keys but {len(values)} values")
         return list(key), values
     return [key], [value]
+
+
+_LIVE_STORES: "weakref.WeakSet[ScheduledKVStore]" = weakref.WeakSet()
+
+
+@atexit.register
+def close_all() -> None:
+    """Close every store its script left open, at interpreter exit and before the interpreter
+    finalizes (registered after MXNet's own exit handler, so it runs first): left to finalization,
+    the store's threads and MXNet's store aborted both workers of a plain Gluon script
+    ("terminate called without an active exception"). After an unhandled exception (Ctrl-C too)
+    nothing is waited for: the other workers may be blocked on this one."""
+    alone = getattr(sys, "last_value", None) is not None
+    for store in list(_LIVE_STORES):
+        try:
+            if alone:
+                store._closed = True
+                store._shutdown()
+            else:
+                store.close()
+        except Exception as err:  # noqa: BLE001 - the others must still close
+            print(f"byteps-prophet: store not closed cleanly: {err}", file=sys.stderr, flush=True)

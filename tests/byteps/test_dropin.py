@@ -99,3 +99,17 @@ def test_stress_no_update_lost(tmp_path):
     assert [r["scheduler"] for r in runs] == ["fifo", "bytescheduler", "prophet", "fifo"]
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert all(r["matched"] and len(r["ranks"]) == 2 for r in runs), runs
+
+
+@pytest.mark.parametrize("path", ["byteps-mxnet", "kvstore"])
+def test_stress_mxnet_paths(tmp_path, path):
+    """The MXNet paths once under each scheduler: BytePS's DistributedTrainer, and Gluon over MXNet's
+    dist_sync parameter server (wrapped by ScheduledKVStore under a scheduler), each script left to
+    end on its own (no close): every step equals the reference and every worker exits cleanly."""
+    out = tmp_path / "stress.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "stress_pushpull.py"), "--path", path,
+                           "--runs", "3", "--steps", "100", "--backoff", "on", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["scheduler"] for r in runs] == list(SCHEDULERS)
+    assert proc.returncode == 0 and all(r["matched"] for r in runs), runs
