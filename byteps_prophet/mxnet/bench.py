@@ -24,13 +24,10 @@ Exit status 2 with a one-line message on bad arguments or settings.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import os
 import statistics
 import sys
 import time
-import weakref
 
 from byteps_prophet.backends.rendezvous import rendezvous
 from byteps_prophet.errors import UserError
@@ -221,13 +218,6 @@ def run(args: argparse.Namespace) -> dict | None:
         result.update(kv.stats())
     if hasattr(kv, "close"):
         kv.close()
-    # close() has left the job (the KVStore backend frees MXNet's store, BytePS shuts down). Free the
-    # rest now; once the store is gone main() skips interpreter teardown, where MXNet's engine threads
-    # could keep a finished worker alive (seen once: a worker still running 20 s after the job ended).
-    real = weakref.ref(getattr(kv, "_real", kv))
-    del kv, trainer, one_step, sync, net, params
-    gc.collect()
-    result["_finalized"] = real() is None
     return result
 
 
@@ -270,10 +260,6 @@ def comm_only(args, kv) -> dict:
               "tensors": len(params), "param_bytes": int(sum(g.size * 4 for g in grads)),
               "samples_per_s": args.batch * kv.num_workers * args.steps / elapsed,
               "step_s_median": elapsed / args.steps}
-    real = weakref.ref(kv)
-    del kv, grads, outs, net, params
-    gc.collect()
-    result["_finalized"] = real() is None
     return result
 
 
@@ -369,19 +355,12 @@ def main(argv=None) -> int:
     except UserError as err:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2
-    finalized = result.pop("_finalized", False) if result is not None else False
     if result is not None and result["leader"]:
         line = json.dumps(result)
         print(line, flush=True)
         if args.json_out:
             with open(args.json_out, "w") as f:
                 f.write(line + "\n")
-    if not finalized:
-        print("bench: note: the store was not freed after the run; exiting normally", file=sys.stderr)
-    else:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
     return 0
 
 
