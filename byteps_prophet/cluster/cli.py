@@ -49,7 +49,7 @@ def register(subparsers) -> None:
     clean.set_defaults(func=clean_command)
 
 
-def _parse_env(pairs: list[str]) -> dict[str, str]:
+def parse_env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -75,7 +75,7 @@ def run_command(args) -> int:
     command = list(args.worker_command or [])
     if command and command[0] == "--":
         command = command[1:]
-    env = _parse_env(args.env)
+    env = parse_env(args.env)
     cluster = Cluster(_spec(args))
     if args.dry_run:
         print(cluster.describe())

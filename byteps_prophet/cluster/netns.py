@@ -193,14 +193,19 @@ def delete_namespaces(names: list[str]) -> list[str]:
     return [ns for ns in names if ns in present]
 
 
-def _owner_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped by its parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def clean_stale(include_live: bool = False) -> list[str]:
@@ -211,7 +216,7 @@ def clean_stale(include_live: bool = False) -> list[str]:
         if len(parts) < 3 or parts[0] != PREFIX or not parts[1].isdigit():
             continue
         pid = int(parts[1])
-        if include_live or (pid != os.getpid() and not _owner_alive(pid)):
+        if include_live or (pid != os.getpid() and not process_alive(pid)):
             stale.append(ns)
     # hosts first, switch last (deleting a host removes its veth pair from the bridge)
     stale.sort(key=lambda name: name.endswith("-sw"))

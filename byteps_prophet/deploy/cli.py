@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from byteps_prophet.cluster.cli import parse_env
 from byteps_prophet.errors import ConfigError
 
 
@@ -73,16 +74,6 @@ def register(subparsers) -> None:
     validate.set_defaults(func=validate_command)
 
 
-def _parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--env {pair!r} must be KEY=VALUE")
-        env[key] = value
-    return env
-
-
 def launch_command(args) -> int:
     from byteps_prophet.deploy import launch
 
@@ -104,7 +95,7 @@ def launch_command(args) -> int:
         from byteps_prophet.deploy.description import load_description
 
         spec = launch.spec_from_description(load_description(args.cluster), args.host, command,
-                                            env=_parse_env(args.env), **timing)
+                                            env=parse_env(args.env), **timing)
         if args.node_host or args.interface:
             from dataclasses import replace
 
@@ -115,7 +106,7 @@ def launch_command(args) -> int:
             control_port=args.control_port, workers=args.workers, servers=args.servers,
             worker_id=args.worker_id, server_id=args.server_id, node_host=args.node_host,
             interface=args.interface, engine=args.engine, schedule=args.byteps_scheduler, command=command,
-            env=_parse_env(args.env), **timing)
+            env=parse_env(args.env), **timing)
     if args.dry_run:
         print(launch.dry_run(spec))
         return 0

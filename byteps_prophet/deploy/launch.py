@@ -45,6 +45,7 @@ from typing import Mapping, Sequence
 
 from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT
 from byteps_prophet.cluster.agent import Channel
+from byteps_prophet.cluster.netns import process_alive
 from byteps_prophet.cluster.roles import (
     DEFAULT_PORT, ENGINES, SERVE_COMMAND, TOPOLOGY_KEYS, Topology, host_name, is_passthrough, role_environment,
 )
@@ -252,21 +253,6 @@ def source_address(address: str, port: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------- role
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, killed but not yet reaped by its parent, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def clean_stale_socket_dirs(base: str | None = None) -> list[str]:
     """Remove BytePS socket directories of launchers that were killed (their pid is gone)."""
     base = base or tempfile.gettempdir()
@@ -279,7 +265,7 @@ def clean_stale_socket_dirs(base: str | None = None) -> list[str]:
         if not entry.startswith(SOCKET_DIR_PREFIX):
             continue
         pid = entry[len(SOCKET_DIR_PREFIX):].split("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
             continue
         shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
         removed.append(entry)
