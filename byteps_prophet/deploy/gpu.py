@@ -219,13 +219,16 @@ def reference_main(args) -> int:
     return 0
 
 
-def _free_port_pair() -> int:
+def free_port_pair() -> int:
+    """A port P on loopback with P+1 free too (a scheduler's port and the launchers' control port)."""
     import socket
 
     for _ in range(100):
         with socket.socket() as a:
             a.bind(("127.0.0.1", 0))
             port = a.getsockname()[1]
+            if port >= 65535:
+                continue
             with socket.socket() as b:
                 try:
                     b.bind(("127.0.0.1", port + 1))
@@ -250,7 +253,7 @@ def _run_allreduce(backend: str, workers: int, train: list[str], env: dict, time
 
 def _run_byteps(train: list[str], env: dict, device: str, timeout: float) -> tuple[bool, str]:
     """Scheduler, server and worker, each started by `byteps-prophet launch` on 127.0.0.1."""
-    port = _free_port_pair()
+    port = free_port_pair()
     launch = [sys.executable, "-m", "byteps_prophet", "launch", "--scheduler-addr", "127.0.0.1",
               "--scheduler-port", str(port), "--workers", "1", "--servers", "1", "--connect-timeout", "60", "--grace", "2",
               "--timeout", str(int(timeout))]

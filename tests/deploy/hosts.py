@@ -9,30 +9,14 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
+from byteps_prophet.deploy.gpu import free_port_pair  # noqa: F401 - the tests take it from here
+
 LAUNCH = [sys.executable, "-m", "byteps_prophet", "launch"]
-
-
-def free_port_pair() -> int:
-    """A port P on loopback with P+1 free too (the scheduler's and the control port)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port pair")
 
 
 @dataclass
