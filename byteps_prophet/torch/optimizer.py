@@ -124,7 +124,7 @@ class _Param:
     def __init__(self, name, index, param, group, twin):
         self.name, self.index, self.param, self.group, self.twin = name, index, param, group, twin
         self.pending = False  # synchronisation or update outstanding
-        self.synced = False  # synchronised, its update not applied yet (applied once its step() is called)
+        self.synced = False  # synchronised, its update held for its step() (step() applies it)
         self.zero_after: bool | None = None  # zero_grad(set_to_none) deferred until after the update
         self.payload = None  # the 2-D tensor on the wire
         self.ctx = None  # compression context
@@ -151,6 +151,7 @@ class _Engine:
         self.clock = MonotonicClock()
         self.iteration = 0
         self._stepped = -1  # the last iteration whose step() was called: its updates apply as they come
+        self._held_count = 0  # entries synced and held for their step()
         self._passes = 0
         self._callback_queued = False
         self._backward_ended = False
@@ -400,9 +401,10 @@ class _Engine:
             p.grad.copy_(restored)
         entry.payload = entry.ctx = None
         with self.cond:
-            entry.synced = True
             apply_now = not self.layerwise or entry.posted_iteration <= self._stepped
             if not apply_now:
+                entry.synced = True
+                self._held_count += 1
                 self.cond.notify_all()
         if apply_now:
             self._apply(entry)
@@ -420,7 +422,7 @@ class _Engine:
             if entry.zero_after is not None:
                 _zero(entry.param, entry.zero_after)
                 entry.zero_after = None
-            entry.pending = entry.synced = False
+            entry.pending = False
             self._pending_count -= 1
             self.cond.notify_all()
 
@@ -428,14 +430,18 @@ class _Engine:
         """step(): this iteration's updates apply from now on; those already synchronised apply here."""
         with self.cond:
             self._stepped = self.iteration
-            ready = [e for e in self.params if e.pending and e.synced]
+            ready = [e for e in self.params if e.synced] if self._held_count else []
+            for entry in ready:
+                entry.synced = False
+            self._held_count = 0
         for entry in ready:
             self._apply(entry)
 
-    def _outstanding_update(self, entry: _Param) -> bool:
+    @staticmethod
+    def _outstanding_update(entry: _Param) -> bool:
         """Under cond: an update that will land without the user doing anything more (one synchronised
-        but waiting for its step() does not)."""
-        return entry.pending and not (entry.synced and entry.posted_iteration > self._stepped)
+        and held for its step() does not)."""
+        return entry.pending and not entry.synced
 
     def _on_error(self, err: BaseException) -> None:
         with self.cond:
@@ -459,13 +465,9 @@ class _Engine:
                 self.cond.wait(WAIT_SLICE)
 
     def wait_all(self) -> None:
-        """Until every update that is coming has landed (not those still waiting for their step())."""
-        self._wait_for(self.params)
-
-    def wait_synchronised(self) -> None:
-        """Until every posted gradient is averaged (synchronize(): the updates wait for step())."""
+        """Until every update that is coming has landed (not those held for their step())."""
         with self.cond:
-            while self.error is None and any(e.pending and not e.synced for e in self.params):
+            while self.error is None and self._pending_count > self._held_count:
                 self.cond.wait(WAIT_SLICE)
         self.raise_if_failed()
 
@@ -678,8 +680,7 @@ class _DistributedMixin:
         """Wait until every gradient is averaged; the update waits for ``step()`` (call it inside
         ``skip_synchronize()``), so the gradients can be read or clipped in between, as with BytePS."""
         self._bpp.finish_backward(stepping=False)
-        self._bpp.wait_synchronised()
-        self._bpp.wait_all()  # with overlap, the last step's updates too
+        self._bpp.wait_all()  # every gradient averaged; with overlap, the last step's updates landed too
 
     @contextlib.contextmanager
     def skip_synchronize(self):
