@@ -171,18 +171,23 @@ def parse_compose(document, environ: Mapping[str, str] | None = None,
 def load_compose(path: str | os.PathLike | None = None,
                  environ: Mapping[str, str] | None = None) -> ComposeDefinition:
     """Read and validate a compose file (default: the repository's docker/docker-compose.yml)."""
+    file = Path(path) if path is not None else default_compose_path()
+    document = read_yaml(file, f"compose file {file}", unreadable_hint="; pass an existing file with --compose")
+    return parse_compose(document, environ, file)
+
+
+def read_yaml(file: Path, label: str, unreadable_hint: str = ""):
+    """The YAML document in ``file``, or a one-line ConfigError starting with ``label`` (a file that
+    cannot be read, or is not YAML, with the line where parsing failed)."""
     import yaml
 
-    file = Path(path) if path is not None else default_compose_path()
     try:
         text = file.read_text()
     except OSError as err:
-        raise ConfigError(f"compose file {file}: cannot read it ({err.strerror or err}); "
-                          f"pass an existing file with --compose") from None
+        raise ConfigError(f"{label}: cannot read it ({err.strerror or err}){unreadable_hint}") from None
     try:
-        document = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"compose file {file}: not valid YAML{at}") from None
-    return parse_compose(document, environ, file)
+        raise ConfigError(f"{label}: not valid YAML{at}") from None

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
+from byteps_prophet.cluster.compose import read_yaml
 from byteps_prophet.cluster.roles import DEFAULT_PORT, ENGINES, TOPOLOGY_KEYS
 from byteps_prophet.core.settings import SCHEDULERS
 from byteps_prophet.errors import ConfigError
@@ -256,17 +255,7 @@ def parse_description(data: Any, source: str = "<description>") -> Description:
 
 def load_description(path: str | Path) -> Description:
     """Read and check the description at ``path`` (one-line ``ConfigError`` on any problem)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise ConfigError(f"--cluster {path}: cannot read it ({err.strerror or err})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"--cluster {path}: not valid YAML{where}") from None
-    return parse_description(data, str(path))
+    return parse_description(read_yaml(Path(path), f"--cluster {path}"), str(path))
 
 
 def require_hosts(description: Description, what: str) -> None:
