@@ -6,6 +6,7 @@ setup(
     version="0.1.0",
     description="Prophet and ByteScheduler communication scheduling for BytePS, PyTorch and MXNet",
     packages=find_packages(include=["byteps_prophet", "byteps_prophet.*"]),
+    package_data={"byteps_prophet.cluster": ["gloo-compose.yml"]},
     python_requires=">=3.11,<3.12",
     install_requires=[
         "numpy<1.24",

@@ -6,7 +6,7 @@
 #    failed"), so a name is resolved to this container's address first (what the name stands for,
 #    on the cluster network only; both ps-lites, BytePS' and MXNet's, accept an address);
 # 3. the link is shaped from LINK_BANDWIDTH / LINK_LATENCY (needs cap_add NET_ADMIN; LINK_SHAPING=0
-#    leaves it alone) by the same code the local cluster uses (byteps_prophet.cluster.linkshape);
+#    leaves it alone) by the same code the local cluster uses (byteps_prophet.cluster.container_shaping);
 # 4. the role's command (the compose service's `command`) runs under the agent
 #    (byteps_prophet.cluster.agent), which ends the whole run when any role fails and names it;
 #    CLUSTER_AGENT=0, or no DMLC_ROLE, runs the command alone.
@@ -31,7 +31,7 @@ if [ -z "${BYTEPS_CPU_ONLY:-}" ]; then
     if [ "${CUDA:-0}" = 1 ]; then BYTEPS_CPU_ONLY=0; else BYTEPS_CPU_ONLY=1; fi
     export BYTEPS_CPU_ONLY
 fi
-python -m byteps_prophet.cluster.linkshape
+python -m byteps_prophet.cluster.container_shaping
 if [ -n "${DMLC_ROLE:-}" ] && [ "${CLUSTER_AGENT:-1}" != 0 ]; then
     exec python -m byteps_prophet.cluster.agent "$@"
 fi

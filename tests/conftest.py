@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 SWITCH_RUNS = ("unset", "bytescheduler", "prophet")
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "scripts" / "benchmarks"
 
 
 def load_script(name: str):
-    """``scripts/<name>.py`` as a module, so that a benchmark's bookkeeping is tested without running it."""
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    """``scripts/benchmarks/<name>.py`` as a module, so that a benchmark's bookkeeping is tested without running it."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

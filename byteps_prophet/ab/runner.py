@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from byteps_prophet.ab.stats import LEVEL, paired_ratios, speedup
+from byteps_prophet.cluster.compose import GLOO_COMPOSE
 from byteps_prophet.errors import UserError
 
 VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
@@ -56,7 +57,6 @@ MXNET_SCALABLE = ("vgg", "transformer", "mlp")  # = mxnet.models.SCALABLE, witho
 # frameworks' threads (MXNet's engine workers, OpenMP, MKL): each can move one schedule more than
 # another (docs/history/AB-notebook.md section 18), so the results name them.
 RECORDED_PREFIXES = ("MXNET_", "OMP_", "MKL_", "KMP_")
-GLOO_COMPOSE = Path(__file__).with_name("gloo-compose.yml")
 
 
 @dataclass
@@ -129,7 +129,7 @@ class ABConfig:
 def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, variant: str = "",
                   tune_bucket: bool = False, bucket_mb: float | None = None) -> list[str]:
     backend = "local" if variant == COMPUTE_ONLY else cfg.backend
-    argv = [sys.executable, "-m", f"byteps_prophet.{cfg.framework}.bench", "--model", cfg.model,
+    argv = [sys.executable, "-m", f"byteps_prophet.ab.workloads.{cfg.framework}_bench", "--model", cfg.model,
             "--batch", str(cfg.batch), "--steps", str(cfg.steps), "--warmup", str(cfg.warmup),
             "--backend", backend, "--workers", str(cfg.workers), "--width", str(cfg.width)]
     if cfg.framework == "torch":

@@ -3,7 +3,7 @@
 An :class:`Op` is one synchronisation: rows ``[row_start, row_end)`` (dim 0) of one gradient of one
 iteration, stored in ``tensor`` (a 2-D, contiguous view of those rows, synchronised in place). A
 backend issues an op asynchronously (``issue`` returns a handle) and ``wait`` blocks until it is done;
-afterwards ``tensor`` holds the average over all workers. ``traits`` (core.engine.EngineTraits) say what
+afterwards ``tensor`` holds the average over all workers. ``traits`` (core.traits.EngineTraits) say what
 the engine is like: how often each byte crosses the bottleneck link (2 for a parameter server's push then
 pull, 1 for an all-reduce), whether pulls follow pushes.
 
@@ -17,7 +17,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from byteps_prophet.core.engine import EngineTraits
+from byteps_prophet.core.traits import EngineTraits
 from byteps_prophet.core.settings import Settings
 from byteps_prophet.errors import ConfigError
 

@@ -32,7 +32,7 @@ import tempfile
 
 from byteps_prophet.backends.base import Backend, BackendError, Op, import_byteps
 from byteps_prophet.backends.channel import order_channel
-from byteps_prophet.core.engine import EngineTraits
+from byteps_prophet.core.traits import EngineTraits
 from byteps_prophet.core.settings import Settings
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.errors import ConfigError

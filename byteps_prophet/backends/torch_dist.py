@@ -14,7 +14,7 @@ from datetime import timedelta
 from byteps_prophet.backends.base import Backend, BackendError, FusedOp, Op, timeout_s
 from byteps_prophet.backends.channel import StoreChannel
 from byteps_prophet.backends.rendezvous import TORCH_STORE_PORT, rendezvous
-from byteps_prophet.core.engine import EngineTraits
+from byteps_prophet.core.traits import EngineTraits
 from byteps_prophet.errors import ConfigError
 
 

@@ -2,6 +2,6 @@
 
 * :mod:`.probe` runs on every worker of a cluster (``python -m byteps_prophet.calibrate.probe``) and
   prints the raw timings of short micro-benchmarks on the real engine (gloo, BytePS, MXNet KVStore);
-* :mod:`.fit` turns those timings into :class:`~byteps_prophet.core.engine.EngineTraits` (pure Python);
+* :mod:`.fit` turns those timings into :class:`~byteps_prophet.core.traits.EngineTraits` (pure Python);
 * :mod:`.cli` starts the cluster, runs the probe and writes the engine profile.
 """

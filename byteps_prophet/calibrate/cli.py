@@ -87,7 +87,7 @@ def parse_probe(lines: list[str]) -> dict | None:
 def measure(backend: str, *, workers: int, servers: int, bandwidth: str, nominal: float | None,
             timeout: float, netns: bool | None, log=None, tcp_congestion: str | None = None) -> tuple[dict, dict]:
     """Run the probe on a fresh cluster; ``(raw probe output, setup)``. Torn down on any failure."""
-    from byteps_prophet.ab.runner import GLOO_COMPOSE
+    from byteps_prophet.cluster.compose import GLOO_COMPOSE
     from byteps_prophet.cluster import Cluster, ClusterSpec
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
@@ -121,7 +121,7 @@ def measure(backend: str, *, workers: int, servers: int, bandwidth: str, nominal
 
 def refit(args) -> int:
     """``--refit FILE``: the traits again from the profile's own raw timings (no cluster)."""
-    from byteps_prophet.core.engine import ConfigError, load_engine
+    from byteps_prophet.core.traits import ConfigError, load_engine
 
     path = args.refit
     load_engine(path)  # one line on a missing or malformed file
@@ -159,7 +159,7 @@ def _raw_record(raws: list[dict]) -> dict:
 
 def _write(out: str, traits, measured: dict, nominal: float | None, as_json: bool, how: str) -> int:
     from byteps_prophet.calibrate.fit import format_table, repeat_spread
-    from byteps_prophet.core.engine import engine_document, save_engine
+    from byteps_prophet.core.traits import engine_document, save_engine
 
     save_engine(out, traits, measured)
     if as_json:

@@ -1,4 +1,4 @@
-"""From the probe's raw timings to :class:`~byteps_prophet.core.engine.EngineTraits` (pure Python).
+"""From the probe's raw timings to :class:`~byteps_prophet.core.traits.EngineTraits` (pure Python).
 
 The probe (``probe.py``) reports, per micro-benchmark, when each op was issued and when it completed
 on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate measures"):
@@ -8,7 +8,7 @@ on worker 0; this module decides what they mean (docs/ENGINE.md, "How calibrate 
   they carry over the bottleneck (stages x link bytes) gives the rate (1 / slope); its intercept,
   less the per-message cost on every stage, is the start-up latency;
 * **per-message cost**: ops of several sizes sent back to back. An op already in flight when the
-  previous one completed was queued on a busy link (the rule of ``backends/link.py``); the slope of
+  previous one completed was queued on a busy link (the rule of ``core/link_monitor.py``); the slope of
   completion times over such ops is one service sample (link bytes, seconds) per group, and the
   intercept of the same least-squares line through them is the cost;
 * **pulls follow pushes** (parameter servers): a small op sent just before a large one, against the
@@ -46,7 +46,7 @@ import statistics
 from typing import Any, Mapping, Sequence
 
 from byteps_prophet.core.bandwidth import RunningFit
-from byteps_prophet.core.engine import EngineTraits
+from byteps_prophet.core.traits import EngineTraits
 from byteps_prophet.errors import ConfigError
 
 BACKENDS = ("byteps", "kvstore", "gloo")
@@ -86,7 +86,7 @@ def replay_fit(streams: Sequence[tuple], workers: int, rate: float, efficiency: 
     stays as given. One value fitted to all, not a median of each stream's own: a stream with a deep
     window hardly depends on the efficiency (its pulls wait behind pushes anyway), so its own fit swings
     with every millisecond of noise. ``fits``: per stream ``[window, ops, took s, simulated s]``."""
-    from byteps_prophet.sim.engine import stream_done_s
+    from byteps_prophet.sim.simulation import stream_done_s
 
     if not streams:
         raise ValueError("no streams to fit")

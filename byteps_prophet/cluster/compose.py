@@ -31,6 +31,10 @@ _VAR = re.compile(
 )
 
 
+# The all-reduce cluster (workers only, no parameter server) that gloo and NCCL runs use.
+GLOO_COMPOSE = Path(__file__).with_name("gloo-compose.yml")
+
+
 def default_compose_path() -> Path:
     """The repository's docker/docker-compose.yml (the one cluster definition).
 

@@ -3,8 +3,8 @@
 The compose file's second session (``TRAIN_COMMAND``): every worker trains a real model on synthetic
 data through the engine named by ``ENGINE`` and worker 0 prints the benchmark's JSON line:
 
-* byteps: ``python -m byteps_prophet.torch.bench --backend byteps`` (PyTorch on BytePS);
-* mxnet:  ``python -m byteps_prophet.mxnet.bench --backend kvstore`` (MXNet's dist_sync KVStore).
+* byteps: ``python -m byteps_prophet.ab.workloads.torch_bench --backend byteps`` (PyTorch on BytePS);
+* mxnet:  ``python -m byteps_prophet.ab.workloads.mxnet_bench --backend kvstore`` (MXNet's dist_sync KVStore).
 
 The scheduler is ``BYTEPS_SCHEDULER``, ``prophet`` when it is unset. ``TRAIN_MODEL`` (resnet),
 ``TRAIN_STEPS`` (10), ``TRAIN_WARMUP`` (3) and ``TRAIN_BATCH`` (the bench's default) pick the job;
@@ -21,7 +21,7 @@ from byteps_prophet.cluster.container import Container, container
 from byteps_prophet.core.settings import Settings
 from byteps_prophet.errors import ConfigError
 
-BENCHES = {"byteps": ("byteps_prophet.torch.bench", "byteps"), "mxnet": ("byteps_prophet.mxnet.bench", "kvstore")}
+BENCHES = {"byteps": ("byteps_prophet.ab.workloads.torch_bench", "byteps"), "mxnet": ("byteps_prophet.ab.workloads.mxnet_bench", "kvstore")}
 
 
 def bench_argv(job: Container, extra: list[str]) -> list[str]:

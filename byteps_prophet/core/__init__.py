@@ -1,7 +1,7 @@
 """The framework-free scheduling core: tasks, schedulers, profiler, bandwidth monitor, settings."""
 from byteps_prophet.core.bytescheduler import ByteScheduler
 from byteps_prophet.core.clock import Clock, ManualClock, MonotonicClock
-from byteps_prophet.core.engine import EngineTraits
+from byteps_prophet.core.traits import EngineTraits
 from byteps_prophet.core.prophet import Prophet
 from byteps_prophet.core.scheduler import FIFOScheduler, Scheduler, Transport
 from byteps_prophet.core.settings import SCHEDULERS, Settings

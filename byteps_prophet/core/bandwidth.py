@@ -84,7 +84,7 @@ class BandwidthMonitor:
     # Seconds between sending an op and its bytes reaching the link (an engine's start-up, which ops
     # already in flight overlap): not a cost the link serialises. Completions cannot tell it apart
     # here, so it is 0 unless told (set the attribute) or measured by a subclass
-    # (``byteps_prophet.core.link.LinkMonitor``).
+    # (``byteps_prophet.core.link_monitor.LinkMonitor``).
     latency: float = 0.0
 
     def __init__(self, window: int = 64, serializations: int = 1) -> None:

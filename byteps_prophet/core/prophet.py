@@ -14,7 +14,7 @@ from collections import Counter, deque
 from heapq import heappop, heappush
 
 from byteps_prophet.core.bytescheduler import ByteScheduler
-from byteps_prophet.core.linkmodel import LinkModel
+from byteps_prophet.core.link_model import LinkModel
 from byteps_prophet.core.prediction import StepPrediction
 from byteps_prophet.core.profiler import ReadyProfiler, StepProfile
 from byteps_prophet.core.task import Fused, Task, atom_grid, atom_rows

@@ -25,7 +25,7 @@ from typing import Callable, Protocol
 
 from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.core.clock import Clock
-from byteps_prophet.core.engine import EngineTraits
+from byteps_prophet.core.traits import EngineTraits
 from byteps_prophet.core.settings import Settings
 from byteps_prophet.core.task import Fused, State, Task
 

@@ -243,7 +243,7 @@ def _module(*args: str) -> list[str]:
 
 
 def _run_allreduce(backend: str, workers: int, train: list[str], env: dict, timeout: float) -> tuple[bool, str]:
-    from byteps_prophet.torch.launch import run_workers
+    from byteps_prophet.cluster.loopback_torch import run_workers
 
     lines: list[str] = []
     result = run_workers(train, workers, env=dict(env, BYTEPS_PROPHET_BACKEND=backend), timeout=timeout,

@@ -41,7 +41,7 @@ import mxnet as mx
 from byteps_prophet.backends.byteps_ps import BytePSTransport
 from byteps_prophet.core import Settings
 from byteps_prophet.errors import UserError
-from byteps_prophet.mxnet.engine import copy_raw
+from byteps_prophet.mxnet.gates import copy_raw
 from byteps_prophet.mxnet.kvstore import ScheduledKVStore
 
 INIT_THREADS = 16  # names initialised at once (each a blocking round trip with every worker)

@@ -73,13 +73,13 @@ from byteps_prophet.backends.base import Backend, Op, OrderMismatch
 from byteps_prophet.backends.channel import SocketChannel, order_channel
 from byteps_prophet.backends.rendezvous import rendezvous
 from byteps_prophet.backends.sync import Synchroniser
-from byteps_prophet.backends.link import link_monitor
+from byteps_prophet.core.link_monitor import link_monitor
 from byteps_prophet.backends.wakeup import install_wakeup_timer
 from byteps_prophet.core import EngineTraits, MonotonicClock, Settings, Task, make_scheduler
 from byteps_prophet.core.task import atom_grid
 from byteps_prophet.core.trace import TraceLog, trace_path, writable
 from byteps_prophet.errors import UserError
-from byteps_prophet.mxnet.engine import EngineGate, Notifier, copy_raw
+from byteps_prophet.mxnet.gates import EngineGate, Notifier, copy_raw
 
 IDLE_CLOSE_S = 0.1  # no pushpull for this long closes the step (unused parameters never come)
 _IDLE, _SENT, _DONE = 0, 1, 2

@@ -133,7 +133,7 @@ def _bytes_per_s(text: str) -> float:
 def _load_model(args):
     from byteps_prophet.profile import load_profile
     from byteps_prophet.sim.costmodel import compute_times
-    from byteps_prophet.sim.engine import layers_from
+    from byteps_prophet.sim.simulation import layers_from
     from byteps_prophet.sim.zoo import get_model
 
     if args.profile:
@@ -152,7 +152,7 @@ def _load_model(args):
 
 
 def run(args) -> int:
-    from byteps_prophet.sim.engine import ClusterSpec
+    from byteps_prophet.sim.simulation import ClusterSpec
     from byteps_prophet.sim.runner import compare, parse_schedulers, plot, report, write_trace
 
     settings = Settings.from_env()
@@ -210,7 +210,7 @@ def run(args) -> int:
 def _engine(args):
     """The engine profile named by ``--engine``, with ``--overhead`` over its message cost; None
     without one (an ideal engine)."""
-    from byteps_prophet.core.engine import load_engine
+    from byteps_prophet.core.traits import load_engine
 
     if not args.engine:
         return None

@@ -2,7 +2,7 @@
 
 Every worker runs the same schedule, so simulating one worker and charging the shared resources
 (server links, the ring) for all of them is exact for a homogeneous cluster and keeps the simulator
-fast at any scale (stragglers: the engine's compute model, ``sim/engine.py``). Links are FIFO; each
+fast at any scale (stragglers: the engine's compute model, ``sim/simulation.py``). Links are FIFO; each
 message pays the engine's ``message_cost_s`` on every link it occupies (once per atom where the plugin
 sends Prophet's fixed atoms, ``use_atoms``) plus its bytes over the link's bandwidth, and one-way ``latency`` (propagation, not
 occupying the link). An op reaches the link only ``startup_latency_s`` after it is sent; ops already
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from byteps_prophet.core.engine import EngineTraits
+from byteps_prophet.core.traits import EngineTraits
 
 ARCHITECTURES = ("ps", "allreduce")
 

@@ -6,7 +6,7 @@ Results are keyed as the CLI's JSON reports them:
 * ``bytescheduler`` (the default credit) and ``bytescheduler_best`` (the best credit of a sweep over
   ``CREDIT_SWEEP``: a fair A/B gives ByteScheduler its best credit, docs/ALGORITHMS.md section 2);
 * ``prophet`` (default, work-conserving mode) and ``prophet_paper`` (section 3 exactly);
-* opt-in baselines that are not schedulers (``sim/baselines.py``): ``ddp`` and ``ddp_best`` (the best
+* opt-in baselines that are not schedulers (``sim/baseline_runs.py``): ``ddp`` and ``ddp_best`` (the best
   bucket of a sweep), ``horovod``.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Callable, Iterable, Sequence
 from byteps_prophet.core import Settings
 from byteps_prophet.core.trace import TraceLog
 from byteps_prophet.errors import UserError
-from byteps_prophet.sim.baselines import BASELINE_VARIANTS, best_bucket, simulate_baseline
-from byteps_prophet.sim.engine import ClusterSpec, Layer, SimResult, lower_bound_s, simulate
+from byteps_prophet.sim.baseline_runs import BASELINE_VARIANTS, best_bucket, simulate_baseline
+from byteps_prophet.sim.simulation import ClusterSpec, Layer, SimResult, lower_bound_s, simulate
 
 SCHEDULER_CHOICES = ("fifo", "bytescheduler", "prophet")
 # Each choice reports its variants: the default-credit ByteScheduler beside the best credit, and the

@@ -49,7 +49,7 @@ import torch
 
 from byteps_prophet.backends import Backend, make_backend
 from byteps_prophet.backends.base import BackendError, FusedOp, Op
-from byteps_prophet.backends.link import link_monitor
+from byteps_prophet.core.link_monitor import link_monitor
 from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.backends.rendezvous import rendezvous
 from byteps_prophet.backends.wakeup import install_wakeup_timer

@@ -90,7 +90,7 @@ def _bench(*args, env=None):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     base = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    return subprocess.run([sys.executable, "-m", "byteps_prophet.torch.bench", "--model", "mlp", "--steps", "2",
+    return subprocess.run([sys.executable, "-m", "byteps_prophet.ab.workloads.torch_bench", "--model", "mlp", "--steps", "2",
                            "--warmup", "1", *args], capture_output=True, text=True, timeout=300, env={**base, **(env or {})})
 
 

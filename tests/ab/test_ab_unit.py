@@ -41,7 +41,7 @@ def test_config_errors_are_one_line(kwargs, match):
 def test_bench_command_contract():
     cfg = ABConfig(framework="mxnet", backend="kvstore", model="resnet", steps=7, batch=4)
     argv = bench_command(cfg)
-    assert argv[1:3] == ["-m", "byteps_prophet.mxnet.bench"]
+    assert argv[1:3] == ["-m", "byteps_prophet.ab.workloads.mxnet_bench"]
     assert argv[argv.index("--steps") + 1] == "7" and argv[argv.index("--backend") + 1] == "kvstore"
     assert argv[argv.index("--width") + 1] == "1.0"  # both frameworks' benches take --width
     assert "--progress" in bench_command(ABConfig(), progress=True)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from byteps_prophet.core.engine import load_engine
+from byteps_prophet.core.traits import load_engine
 
 
 @pytest.mark.slow

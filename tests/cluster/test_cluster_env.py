@@ -232,7 +232,7 @@ def test_parameter_server_workers_find_worker_0s_order_channel():
     assert server.get("MASTER_ADDR") == "10.9.9.9"  # other roles: untouched
 
 
-@pytest.mark.parametrize("module", ["byteps_prophet.torch.launch", "byteps_prophet.mxnet.launch"])
+@pytest.mark.parametrize("module", ["byteps_prophet.cluster.loopback_torch", "byteps_prophet.cluster.loopback_mxnet"])
 @pytest.mark.parametrize("argv, fragment", [
     (["-w", "x", "--", "true"], "invalid int value: 'x'"),
     (["--timeout", "0", "--", "true"], "timeout 0.0 must be a positive"),
@@ -242,7 +242,7 @@ def test_launcher_errors_exit_2_with_one_line(module, argv, fragment, capsys):
     import importlib
 
     launcher = importlib.import_module(module)
-    if module.startswith("byteps_prophet.torch"):
+    if module.endswith("loopback_torch"):
         argv = ["-n" if a == "-w" else a for a in argv]
     with pytest.raises(SystemExit) as exit_info:
         launcher.main(argv)
@@ -254,7 +254,7 @@ def test_launcher_errors_exit_2_with_one_line(module, argv, fragment, capsys):
 @pytest.mark.slow
 def test_torch_launcher_gives_each_worker_its_rank_and_names_a_killed_one():
     proc = subprocess.run(
-        [sys.executable, "-m", "byteps_prophet.torch.launch", "-n", "2", "--timeout", "60", "--", "sh", "-c",
+        [sys.executable, "-m", "byteps_prophet.cluster.loopback_torch", "-n", "2", "--timeout", "60", "--", "sh", "-c",
          'echo "rank $RANK of $WORLD_SIZE at $MASTER_ADDR:$MASTER_PORT"; '
          'if [ "$RANK" = 1 ]; then kill -9 $$; fi; sleep 50'],
         capture_output=True, text=True, timeout=120)
@@ -269,7 +269,7 @@ def test_torch_launcher_gives_each_worker_its_rank_and_names_a_killed_one():
     ("serve", {"DMLC_ROLE": "server", "PS_ZMQ_IDLE_US": "-5"},
      "serve: PS_ZMQ_IDLE_US=-5 is invalid; valid: an integer >= 0 (microseconds; 0 = spin)"),
     ("selftest", {"SELFTEST_ROUNDS": "0"}, "selftest: SELFTEST_ROUNDS='0' is invalid; valid: an integer >= 1"),
-    ("linkshape", {"LINK_SHAPING": "maybe"}, "linkshape: error: LINK_SHAPING='maybe' is invalid; valid: 0, 1"),
+    ("container_shaping", {"LINK_SHAPING": "maybe"}, "linkshape: error: LINK_SHAPING='maybe' is invalid; valid: 0, 1"),
     ("train", {"TRAIN_STEPS": "ten"}, "train: TRAIN_STEPS='ten' is invalid; valid: an integer >= 1"),
     ("train", {"BYTEPS_SCHEDULER": "lifo"}, "train: BYTEPS_SCHEDULER='lifo' is not a scheduler"),
 ])
@@ -288,5 +288,5 @@ def test_train_runs_the_engines_bench_with_the_compose_files_job():
     from byteps_prophet.cluster.train import bench_argv
 
     argv = bench_argv(container({"ENGINE": "mxnet", "TRAIN_MODEL": "mlp", "TRAIN_BATCH": "8"}), ["--x"])
-    assert argv[1:] == ["-m", "byteps_prophet.mxnet.bench", "--backend", "kvstore", "--model", "mlp",
+    assert argv[1:] == ["-m", "byteps_prophet.ab.workloads.mxnet_bench", "--backend", "kvstore", "--model", "mlp",
                         "--steps", "10", "--warmup", "3", "--batch", "8", "--x"]

@@ -1,9 +1,9 @@
-"""DDP's buckets and Horovod's fusion (core/baselines.py): what each sends when, and that every
+"""DDP's buckets and Horovod's fusion (sim/baselines.py): what each sends when, and that every
 gradient is synchronised and reported exactly once."""
 import pytest
 
 from byteps_prophet.core import ManualClock, Task
-from byteps_prophet.core.baselines import MIB, Collective, DDPBuckets, HorovodFusion
+from byteps_prophet.sim.baselines import MIB, Collective, DDPBuckets, HorovodFusion
 
 
 class Link:

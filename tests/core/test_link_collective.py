@@ -5,7 +5,7 @@ import pytest
 
 from byteps_prophet.calibrate.fit import fit_link, service_samples
 from byteps_prophet.core import Task
-from byteps_prophet.core.link import LinkMonitor
+from byteps_prophet.core.link_monitor import LinkMonitor
 
 COST = 0.0015  # what the link serialises per collective
 BW = 120e6  # bytes/s

@@ -7,7 +7,7 @@ import pytest
 from byteps_prophet.core import ByteScheduler, EngineTraits, ManualClock, Prophet, Settings, Task
 from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.core.prophet import TRAILING_CHUNK_BYTES
-from byteps_prophet.sim.engine import ClusterSpec, Layer, Simulation
+from byteps_prophet.sim.simulation import ClusterSpec, Layer, Simulation
 
 COST = 50e-6
 BANDWIDTH = 1e9  # bytes/s

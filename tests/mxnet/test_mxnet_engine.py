@@ -11,7 +11,7 @@ mx = pytest.importorskip("mxnet")
 
 from mxnet.base import _LIB, NDArrayHandle, check_call  # noqa: E402
 
-from byteps_prophet.mxnet.engine import EngineGate, Notifier, copy_raw  # noqa: E402
+from byteps_prophet.mxnet.gates import EngineGate, Notifier, copy_raw  # noqa: E402
 
 _SYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 

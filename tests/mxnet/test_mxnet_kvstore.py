@@ -1,7 +1,7 @@
 """The scheduled MXNet KVStore.
 
 Fast tests: atom grids, settings errors, the engine gate. Slow tests start a real ps-lite job
-(scheduler, server, two workers) on 127.0.0.1 with a free port via ``byteps_prophet.mxnet.launch``.
+(scheduler, server, two workers) on 127.0.0.1 with a free port via ``byteps_prophet.cluster.loopback_mxnet``.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ mx = pytest.importorskip("mxnet")
 from byteps_prophet.core import Settings  # noqa: E402
 from byteps_prophet.core.trace import events  # noqa: E402
 from byteps_prophet.errors import ConfigError  # noqa: E402
-from byteps_prophet.mxnet.engine import EngineGate, copy_raw  # noqa: E402
+from byteps_prophet.mxnet.gates import EngineGate, copy_raw  # noqa: E402
 from byteps_prophet.mxnet import kvstore as skv  # noqa: E402
 from byteps_prophet.mxnet.kvstore import atom_elements, atom_ranges  # noqa: E402
-from byteps_prophet.mxnet.launch import run_local  # noqa: E402
+from byteps_prophet.cluster.loopback_mxnet import run_local  # noqa: E402
 from params_check import assert_every_parameter_trained, run_report  # noqa: E402
 from trace_check import assert_plan_engaged  # noqa: E402
 
@@ -49,13 +49,13 @@ def test_atoms_cover_rows_once_and_follow_the_scheduler():
 
 def test_bench_model_list_matches():
     from byteps_prophet.ab import runner
-    from byteps_prophet.mxnet import bench, models
+    from byteps_prophet.ab.workloads import mxnet_bench as bench, mxnet_models as models
     assert bench.MODELS == models.MODELS
     assert runner.MXNET_SCALABLE == models.SCALABLE
 
 
 def _parameter_count(name: str, width: float) -> int:
-    from byteps_prophet.mxnet import models
+    from byteps_prophet.ab.workloads import mxnet_models as models
     net = models.build(name, width=width)
     net.initialize()
     net(mx.nd.zeros(models.input_shape(name, 1)))  # complete deferred shapes
@@ -65,7 +65,7 @@ def _parameter_count(name: str, width: float) -> int:
 def test_width_scales_the_models_that_have_one():
     """--width 1.0 keeps the documented sizes; the dense layers scale as width squared."""
     from byteps_prophet.errors import UserError
-    from byteps_prophet.mxnet import models
+    from byteps_prophet.ab.workloads import mxnet_models as models
     assert round(_parameter_count("vgg", 1.0) / 1e6, 1) == 59.6
     assert round(_parameter_count("transformer", 1.0) / 1e6, 1) == 12.7
     half = _parameter_count("transformer", 0.5) / _parameter_count("transformer", 1.0)
@@ -90,7 +90,7 @@ def test_atom_env_validated():
 def test_leader_measures_the_link_like_the_torch_plugin(monkeypatch):
     """The scheduling worker's monitor is the LinkMonitor (start-up latency apart from the link's
     cost, read by Prophet's hold); BYTEPS_PROPHET_LINK=core gives the core's; a bad value is refused."""
-    from byteps_prophet.core.link import LinkMonitor
+    from byteps_prophet.core.link_monitor import LinkMonitor
     from byteps_prophet.core.bandwidth import BandwidthMonitor
 
     settings = Settings(scheduler="prophet")
@@ -231,7 +231,7 @@ def test_the_store_learns_the_forward_order_from_the_backward():
 
 def test_invalid_scheduler_is_one_line_error():
     env = dict(os.environ, BYTEPS_SCHEDULER="bogus")
-    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--steps", "1"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.ab.workloads.mxnet_bench", "--steps", "1"], env=env,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -244,7 +244,7 @@ def test_invalid_scheduler_is_one_line_error():
     ({"BYTEPS_SCHEDULER": "bytescheduler"}, ["--tune-credit", "0"], "--tune-credit 0"),
 ])
 def test_bench_tuning_arguments_are_checked_in_one_line(env, args, needle):
-    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.mxnet.bench", *args], env=dict(os.environ, **env),
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.ab.workloads.mxnet_bench", *args], env=dict(os.environ, **env),
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -254,7 +254,7 @@ def test_bench_tuning_arguments_are_checked_in_one_line(env, args, needle):
 def test_bench_local_trains_alone_without_a_cluster():
     """--backend local (the A/B runner's compute_only limit): one JSON line, one worker's rate."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--backend", "local", "--model", "mlp",
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.ab.workloads.mxnet_bench", "--backend", "local", "--model", "mlp",
                            "--steps", "2", "--warmup", "1", "--batch", "4", "--workers", "2"],
                           env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -265,7 +265,7 @@ def test_bench_local_trains_alone_without_a_cluster():
 
 
 def test_bench_help_documents_the_arguments():
-    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--help"],
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.ab.workloads.mxnet_bench", "--help"],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0
     for flag in ("--model", "--steps", "--batch", "--backend", "--warmup", "--json-out", "--tune-credit", "--tune-probes"):
@@ -485,7 +485,7 @@ def test_bench_prints_one_json_line(tmp_path, perfetto_check):
 
     from byteps_prophet.profile import load_profile
     profile = tmp_path / "p.json"
-    result = run_local([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--model", "transformer",
+    result = run_local([sys.executable, "-m", "byteps_prophet.ab.workloads.mxnet_bench", "--model", "transformer",
                         "--steps", "3", "--warmup", "2", "--batch", "24"],
                        workers=2, env={"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_PROFILE": str(profile)},
                        timeout=240)
@@ -513,7 +513,7 @@ def test_bench_prints_one_json_line(tmp_path, perfetto_check):
 @pytest.mark.timeout(300)
 def test_bench_comm_only_synchronises_over_the_real_store():
     """The A/B runner's comm_only reference: push/pull of the model's gradient shapes through dist_sync."""
-    result = run_local([sys.executable, "-m", "byteps_prophet.mxnet.bench", "--model", "mlp", "--comm-only",
+    result = run_local([sys.executable, "-m", "byteps_prophet.ab.workloads.mxnet_bench", "--model", "mlp", "--comm-only",
                         "--steps", "3", "--warmup", "1", "--batch", "4"], workers=2, timeout=240)
     assert result.ok, result.reason
     lines = [l for lines in result.output.values() for l in lines if l.startswith("{")]

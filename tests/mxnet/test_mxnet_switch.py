@@ -30,7 +30,7 @@ def _clean_env(**extra) -> dict:
 
 
 def test_compression_with_scheduler_is_one_line_error():
-    code = ("from byteps_prophet.mxnet.switch import ScheduledGradients; "
+    code = ("from byteps_prophet.mxnet.trainer import ScheduledGradients; "
             "ScheduledGradients({'compressor': 'onebit'})")
     run = subprocess.run([sys.executable, "-c", code], env=_clean_env(BYTEPS_SCHEDULER="prophet"),
                          capture_output=True, text=True, timeout=120)

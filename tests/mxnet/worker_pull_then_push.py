@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 
 from byteps_prophet.mxnet import kvstore as skv
-from byteps_prophet.mxnet.engine import EngineGate
+from byteps_prophet.mxnet.gates import EngineGate
 
 kv = mx.kv.create("dist_sync") if os.environ.get("BPP_PLAIN") == "1" else skv.create("dist_sync")
 initial = np.arange(3000, dtype=np.float32).reshape(300, 10)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from byteps_prophet.core import Settings
 from byteps_prophet.errors import UserError
 from byteps_prophet.sim.costmodel import compute_times
-from byteps_prophet.sim.engine import ClusterSpec, Layer, Simulation, layers_from, lower_bound_s
+from byteps_prophet.sim.simulation import ClusterSpec, Layer, Simulation, layers_from, lower_bound_s
 from byteps_prophet.sim.zoo import get_model
 
 ALL_VARIANTS = [

@@ -6,9 +6,9 @@ import pytest
 
 from byteps_prophet.cli import main
 from byteps_prophet.core import EngineTraits, Settings, Task
-from byteps_prophet.core.engine import PRESETS, SCHEMA, load_engine, save_engine
+from byteps_prophet.core.traits import PRESETS, SCHEMA, load_engine, save_engine
 from byteps_prophet.errors import ConfigError, UserError
-from byteps_prophet.sim.engine import ClusterSpec, Layer, Simulation
+from byteps_prophet.sim.simulation import ClusterSpec, Layer, Simulation
 from byteps_prophet.sim.network import Conditions, ParameterServerNetwork, RingAllReduceNetwork
 
 from tests.sim.test_engine import assert_every_row_sent_once
@@ -262,7 +262,7 @@ def test_the_hold_never_asks_for_the_same_instant_forever():
     forever (ResNet-50 on the calibrated BytePS engine hung the scale grid). Ticks stay a fraction of
     the sends."""
     from byteps_prophet.sim.costmodel import compute_times
-    from byteps_prophet.sim.engine import layers_from
+    from byteps_prophet.sim.simulation import layers_from
     from byteps_prophet.sim.zoo import get_model
 
     model = get_model("resnet50")
@@ -308,7 +308,7 @@ def test_a_stream_replayed_with_a_window_pipelines_and_a_burst_sends_every_push_
     """``stream_done_s``, the calibration's streams as the network runs them: with back-pressure and
     pulls following pushes a burst completes after every push and every pull (2 x ops pushes through
     the server's ingress, two workers), a window of one after each op's own round trip."""
-    from byteps_prophet.sim.engine import stream_done_s
+    from byteps_prophet.sim.simulation import stream_done_s
 
     engine = EngineTraits(stages=2, pulls_follow_pushes=True, backpressure=True, servers=1)
     push = 2 * 1_000_000 / RATE  # two workers' pushes of 1 MB through one server's ingress
@@ -324,7 +324,7 @@ def test_workers_bursting_in_step_share_the_server_equally_and_finish_together()
     behind every push, so both workers get the same answers at the same moments, 5 to 8 pushes' time
     (as one representative's burst), and at half the rate twice as late; a worker ahead has the link to
     itself until the other starts."""
-    from byteps_prophet.sim.engine import bursts_done_s
+    from byteps_prophet.sim.simulation import bursts_done_s
 
     def burst_done_s(*args, starts=None):  # each worker's answers of its one burst
         return [runs[0][1] for runs in bursts_done_s(*args, 1, starts)]

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from byteps_prophet.core import Settings
-from byteps_prophet.core.engine import load_engine
+from byteps_prophet.core.traits import load_engine
 from byteps_prophet.errors import UserError
-from byteps_prophet.sim.engine import ClusterSpec, Layer, simulate
+from byteps_prophet.sim.simulation import ClusterSpec, Layer, simulate
 from byteps_prophet.sim.network import _water_fill
 
-CALIBRATED_BYTEPS = str(Path(__file__).resolve().parents[2] / "docs" / "replay" / "engine_byteps.json")
+CALIBRATED_BYTEPS = str(Path(__file__).resolve().parents[2] / "scripts" / "benchmarks" / "data" / "replay" / "engine_byteps.json")
 LAYERS = [Layer(f"w{i}", (250_000,), 2e-3, 4e-3) for i in range(8)]  # 1 MB each: 8 ms at 1 Gbit/s
 
 

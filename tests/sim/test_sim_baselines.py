@@ -5,9 +5,9 @@ import math
 import pytest
 
 from byteps_prophet.cli import main
-from byteps_prophet.core.baselines import MIB
-from byteps_prophet.sim.baselines import BUCKET_SWEEP, best_bucket, simulate_baseline
-from byteps_prophet.sim.engine import ClusterSpec, Layer, lower_bound_s
+from byteps_prophet.sim.baselines import MIB
+from byteps_prophet.sim.baseline_runs import BUCKET_SWEEP, best_bucket, simulate_baseline
+from byteps_prophet.sim.simulation import ClusterSpec, Layer, lower_bound_s
 
 
 def toy_layers(n=12, rows=512, cols=256):

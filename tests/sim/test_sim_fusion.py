@@ -4,9 +4,9 @@ import pytest
 
 from byteps_prophet.core import Settings, Task
 from byteps_prophet.core.task import Fused, State
-from byteps_prophet.sim.baselines import simulate_baseline
+from byteps_prophet.sim.baseline_runs import simulate_baseline
 from byteps_prophet.sim.costmodel import compute_times
-from byteps_prophet.sim.engine import ClusterSpec, Simulation, layers_from
+from byteps_prophet.sim.simulation import ClusterSpec, Simulation, layers_from
 from byteps_prophet.sim.zoo import get_model
 from tests.sim.test_engine import assert_every_row_sent_once
 

@@ -11,7 +11,7 @@ import torch
 from models_for_tests import build, data
 from trace_check import assert_every_row_sent_once, assert_plan_engaged
 from byteps_prophet.core import trace
-from byteps_prophet.torch.launch import run_workers
+from byteps_prophet.cluster.loopback_torch import run_workers
 
 HERE = os.path.dirname(__file__)
 WORKER = [sys.executable, os.path.join(HERE, "worker.py")]
@@ -118,9 +118,9 @@ def test_bench_comm_only_synchronises_the_model_without_compute():
     """The A/B runner's comm_only reference: real all-reduces of the model's gradient shapes, one JSON line."""
     import json
 
-    from byteps_prophet.torch.models import build as build_bench_model
+    from byteps_prophet.ab.workloads.torch_models import build as build_bench_model
 
-    argv = [sys.executable, "-m", "byteps_prophet.torch.bench", "--model", "mlp", "--comm-only", "--steps", "3",
+    argv = [sys.executable, "-m", "byteps_prophet.ab.workloads.torch_bench", "--model", "mlp", "--comm-only", "--steps", "3",
             "--warmup", "1", "--batch", "4", "--backend", "gloo"]
     result = run_workers(argv, 2, env={"BYTEPS_PROPHET_TIMEOUT": "60"}, timeout=120)
     assert result.ok, result.reason

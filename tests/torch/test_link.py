@@ -1,10 +1,10 @@
-"""How the real link is measured (core/link.py, backends/link.py) and Prophet's settings."""
+"""How the real link is measured (core/link_monitor.py) and Prophet's settings."""
 import json
 
 import pytest
 import torch
 
-from byteps_prophet.core.link import LinkMonitor
+from byteps_prophet.core.link_monitor import LinkMonitor
 from byteps_prophet.core import Settings, Task
 from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.errors import ConfigError

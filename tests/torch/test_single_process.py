@@ -186,7 +186,7 @@ def test_state_dict_round_trip_keeps_training_equal(scheduler):
 @pytest.mark.timeout(120)
 def test_invalid_scheduler_is_one_line(tmp_path):
     env = {"BYTEPS_SCHEDULER": "lifo", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.torch.bench", "--model", "mlp", "--steps", "1"],
+    proc = subprocess.run([sys.executable, "-m", "byteps_prophet.ab.workloads.torch_bench", "--model", "mlp", "--steps", "1"],
                           env=env, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

@@ -7,7 +7,7 @@ plain loopback without a parameter server. Each worker gets ``RANK``, ``WORLD_SI
 ``DMLC_NUM_WORKER``. The run ends when all exit 0, or as soon as one fails: the others are stopped and
 the result names the failed worker, e.g. ``worker-1 was killed by SIGKILL (status 137)``.
 
-    python -m byteps_prophet.torch.launch -n 2 [--timeout S] -- python train.py
+    python -m byteps_prophet.cluster.loopback_torch -n 2 [--timeout S] -- python train.py
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def run_workers(argv: Sequence[str], workers: int, env: Mapping[str, str] | None
 
 def main(argv: list[str] | None = None) -> int:
     return launcher_main(
-        "python -m byteps_prophet.torch.launch", __doc__.split("\n")[0],
+        "python -m byteps_prophet.cluster.loopback_torch", __doc__.split("\n")[0],
         lambda parser: parser.add_argument("-n", "--workers", type=int, default=2, help="worker processes (default 2)"),
         lambda args, command: run_workers(command, args.workers, timeout=args.timeout, output=True), argv)
 

@@ -14,6 +14,7 @@ import statistics
 from collections import deque
 
 from byteps_prophet.core.bandwidth import MIN_FIT_SAMPLES, BandwidthMonitor, RunningFit
+from byteps_prophet.core.settings import Settings
 
 SHIFT_RUN = 4
 SHIFT_RATIO = 1.4
@@ -162,3 +163,9 @@ class LinkMonitor(BandwidthMonitor):
 
     def reset(self) -> None:
         self._lm_reset()
+
+
+def link_monitor(settings: Settings, stages: int) -> LinkMonitor | None:
+    """A :class:`LinkMonitor` for a real backend's scheduler, or None (the core's monitor, each
+    completion an exact sample, as in the ideal simulator) with ``BYTEPS_PROPHET_LINK=core``."""
+    return LinkMonitor(serializations=stages) if settings.link_monitor == "measured" else None

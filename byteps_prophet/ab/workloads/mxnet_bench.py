@@ -3,8 +3,8 @@
 Run it as every worker of a ps-lite job (the role environment comes from the cluster)::
 
     byteps-prophet cluster run --engine mxnet --workers 2 -- \\
-        python -m byteps_prophet.mxnet.bench --model vgg --steps 20 --batch 8
-    python -m byteps_prophet.mxnet.launch -w 2 -- python -m byteps_prophet.mxnet.bench --model resnet18
+        python -m byteps_prophet.ab.workloads.mxnet_bench --model vgg --steps 20 --batch 8
+    python -m byteps_prophet.cluster.loopback_mxnet -w 2 -- python -m byteps_prophet.ab.workloads.mxnet_bench --model resnet18
 
 The scheduler comes from BYTEPS_SCHEDULER (fifo|bytescheduler|prophet) and its BYTESCHEDULER_* /
 PROPHET_* knobs. The scheduling leader (the worker with DMLC_WORKER_ID=0, the cluster's worker-0)
@@ -40,7 +40,7 @@ ALIASES = {"resnet": "resnet18"}  # the A/B runner's model names
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m byteps_prophet.mxnet.bench",
+    parser = argparse.ArgumentParser(prog="python -m byteps_prophet.ab.workloads.mxnet_bench",
                                      description="MXNet worker benchmark (prints one JSON line on worker 0).")
     parser.add_argument("--model", default="resnet18", choices=MODELS + tuple(ALIASES),
                         help="model (default resnet18; 'resnet' = resnet18)")
@@ -108,12 +108,12 @@ def run(args: argparse.Namespace) -> dict | None:
         probes = parse_probes(args.tune_probes or "6,3")
     if not rendezvous().role and args.kvstore.startswith("dist") and args.backend != "local":
         raise UserError("no DMLC_ROLE: run under `byteps-prophet cluster run --engine mxnet` or "
-                        "`python -m byteps_prophet.mxnet.launch`")
+                        "`python -m byteps_prophet.cluster.loopback_mxnet`")
     import mxnet as mx
     import numpy as np
     from mxnet import autograd, gluon
 
-    from byteps_prophet.mxnet import models
+    from byteps_prophet.ab.workloads import mxnet_models as models
 
     if args.comm_only:
         if args.backend != "kvstore":
@@ -226,7 +226,7 @@ def comm_only(args, kv) -> dict:
     parameter pulled, then wait: the store's and the link's time alone (the A/B runner's comm_only)."""
     import mxnet as mx
 
-    from byteps_prophet.mxnet import models
+    from byteps_prophet.ab.workloads import mxnet_models as models
 
     mx.random.seed(1)
     net = models.build(args.model, width=args.width)

@@ -12,9 +12,9 @@ all-reduce since docs/DESIGN.md, "Fused collectives"), which pays one collective
 ``prophet_partition_16m`` runs Prophet with ``BYTESCHEDULER_PARTITION=16000000`` (its queued pieces 16
 times larger than by default). ``prophet_messages_per_iteration`` counts collectives (a fused one once).
 
-    .venv/bin/python scripts/bench_baselines.py --out out/bench_baselines.json \\
-        --compact docs/bench_baselines_results.json
-    .venv/bin/python scripts/bench_baselines.py --quick      # resnet50 + vgg16, 8 workers
+    .venv/bin/python scripts/benchmarks/bench_baselines.py --out out/bench_baselines.json \\
+        --compact scripts/benchmarks/data/bench_baselines_results.json
+    .venv/bin/python scripts/benchmarks/bench_baselines.py --quick      # resnet50 + vgg16, 8 workers
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 from bench_sim import write_compact  # scripts/ is on the path when run as a script
 from byteps_prophet.core import Settings
-from byteps_prophet.sim.baselines import BUCKET_SWEEP, best_bucket, simulate_baseline
+from byteps_prophet.sim.baseline_runs import BUCKET_SWEEP, best_bucket, simulate_baseline
 from byteps_prophet.sim.costmodel import compute_times
-from byteps_prophet.sim.engine import ClusterSpec, Simulation, layers_from, lower_bound_s
+from byteps_prophet.sim.simulation import ClusterSpec, Simulation, layers_from, lower_bound_s
 from byteps_prophet.sim.zoo import MODELS, get_model
 
 GBIT = 1e9 / 8
@@ -117,7 +117,7 @@ def compact(result: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/bench_baselines.json")
-    ap.add_argument("--compact", metavar="JSON", help="also write a compact copy (docs/bench_baselines_results.json)")
+    ap.add_argument("--compact", metavar="JSON", help="also write a compact copy (scripts/benchmarks/data/bench_baselines_results.json)")
     ap.add_argument("--quick", action="store_true", help="resnet50 and vgg16, 8 workers only")
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--workers", default="2,8,32", help="comma-separated worker counts (default 2,8,32)")

@@ -1,14 +1,14 @@
-"""scripts/plot_results.py: README's plot from the committed simulator grid."""
+"""scripts/benchmarks/plot_results.py: README's plot from the committed simulator grid."""
 import json
 
-from tests.conftest import SCRIPTS, load_script
+from tests.conftest import BENCHMARKS, load_script
 
-SCRIPT = SCRIPTS / "plot_results.py"
+SCRIPT = BENCHMARKS / "plot_results.py"
 plot_results = load_script("plot_results")
 
 
 def test_speedups_are_fifo_over_each_schedule_from_the_grid():
-    data = json.loads((SCRIPT.parents[1] / "docs" / "bench_sim_results.json").read_text())
+    data = json.loads((BENCHMARKS / "data" / "bench_sim_results.json").read_text())
     models, values = plot_results.speedups(data, "ps", 8, 10)
     assert models == ["resnet50", "vgg16", "alexnet", "inception_v3", "bert_base"]
     cols = data["grid_columns"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from byteps_prophet.core import EngineTraits, Settings, Task, make_scheduler
-from byteps_prophet.core.link import LinkMonitor
+from byteps_prophet.core.link_monitor import LinkMonitor
 from byteps_prophet.core.task import Fused
 from byteps_prophet.errors import UserError
 from byteps_prophet.sim.network import (ARCHITECTURES, Conditions, ParameterServerNetwork, RingAllReduceNetwork,
@@ -54,7 +54,7 @@ class Layer:
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """The simulated cluster. ``engine`` (calibrated traits, ``core.engine``) describes the engine;
+    """The simulated cluster. ``engine`` (calibrated traits, ``core.traits``) describes the engine;
     without one, an ideal engine of ``arch`` whose messages cost ``overhead`` on every link."""
     workers: int = 8
     servers: int | None = None  # None: the engine's, else as many servers as workers

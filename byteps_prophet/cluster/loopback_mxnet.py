@@ -6,7 +6,7 @@ is the shaped, multi-host version). A thin wrapper over that same local cluster 
 whole job as soon as any role exits non-zero (naming it), at the timeout, or when every worker has
 exited 0, and leaves no process behind. The caller's ``BYTEPS_*`` variables reach every role.
 
-``python -m byteps_prophet.mxnet.launch -w 2 -s 1 [--timeout S] -- COMMAND...``
+``python -m byteps_prophet.cluster.loopback_mxnet -w 2 -s 1 [--timeout S] -- COMMAND...``
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _options(parser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return launcher_main("python -m byteps_prophet.mxnet.launch", __doc__.split("\n")[0], _options,
+    return launcher_main("python -m byteps_prophet.cluster.loopback_mxnet", __doc__.split("\n")[0], _options,
                          lambda args, command: run_local(command, args.workers, args.servers,
                                                          timeout=args.timeout, echo=True), argv, timeout=600.0)
 

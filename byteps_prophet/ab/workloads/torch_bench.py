@@ -1,6 +1,6 @@
 """Worker side of the A/B runner: train a real model on synthetic data, print one JSON line.
 
-    python -m byteps_prophet.torch.bench --model vgg --batch 16 --steps 20 [--warmup 5]
+    python -m byteps_prophet.ab.workloads.torch_bench --model vgg --batch 16 --steps 20 [--warmup 5]
         [--backend gloo|byteps|local] [--threads 1] [--width 1.0] [--lr 0.01]
         [--profile PATH] [--progress] [--tune-credit PROBE_STEPS] [--dump PATH] [--comm-only]
         [--ddp [--bucket-mb MB] | --tune-bucket PROBE_STEPS [--bucket-sweep MB,MB,...]] [--stock-byteps]
@@ -41,7 +41,7 @@ import time
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m byteps_prophet.torch.bench")
+    p = argparse.ArgumentParser(prog="python -m byteps_prophet.ab.workloads.torch_bench")
     p.add_argument("--model", default="vgg")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=20)
@@ -109,7 +109,7 @@ def run(args) -> int:
     torch.set_num_threads(max(1, args.threads))
     from byteps_prophet.backends import make_backend
     from byteps_prophet.torch import DistributedOptimizer, broadcast_parameters
-    from byteps_prophet.torch.models import build, synthetic_batch
+    from byteps_prophet.ab.workloads.torch_models import build, synthetic_batch
     from byteps_prophet.torch.optimizer import default_backend_name
 
     backend = make_backend(args.backend or default_backend_name(settings))
@@ -254,7 +254,7 @@ def tune_bucket(args, sweep: list[float], backend, make) -> dict:
     names the fastest."""
     import torch
 
-    from byteps_prophet.torch.models import build, synthetic_batch
+    from byteps_prophet.ab.workloads.torch_models import build, synthetic_batch
 
     probes = []
     for mb in sweep:

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""README's first plot, from committed data only: the simulator grid (docs/bench_sim_results.json).
+"""README's first plot, from committed data only: the simulator grid (scripts/benchmarks/data/bench_sim_results.json).
 
 For every model, at 8 workers and 10 Gbit/s, throughput of each schedule relative to FIFO, on a
 parameter server (left) and a ring all-reduce (right): ByteScheduler with its default credit and
 with the best credit of a sweep (what a tuning run finds), Prophet's default mode (no tuning) and
 the ICPP'21 paper rule. The grid is deterministic, so the plot is too.
 
-    .venv/bin/python scripts/plot_results.py                      # writes docs/img/sim_speedup.png
-    .venv/bin/python scripts/plot_results.py --data X.json --out Y.png --workers 32 --gbit 25
+    .venv/bin/python scripts/benchmarks/plot_results.py                      # writes docs/img/sim_speedup.png
+    .venv/bin/python scripts/benchmarks/plot_results.py --data X.json --out Y.png --workers 32 --gbit 25
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SERIES = (  # column in the grid, label
     ("bytescheduler_ms", "ByteScheduler, default credit"),
     ("bytescheduler_best_ms", "ByteScheduler, best credit of a sweep"),
@@ -40,7 +40,7 @@ def speedups(data: dict, arch: str, workers: int, gbit: float) -> tuple[list[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(REPO / "docs" / "bench_sim_results.json"))
+    parser.add_argument("--data", default=str(REPO / "scripts" / "benchmarks" / "data" / "bench_sim_results.json"))
     parser.add_argument("--out", default=str(REPO / "docs" / "img" / "sim_speedup.png"))
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--gbit", type=float, default=10)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     axes[0].set_ylim(min(0.9, min(lows) - 0.02), max(lows) + 0.05)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.suptitle("Simulated speed-up over FIFO (docs/bench_sim_results.json)", fontsize=10)
+    fig.suptitle("Simulated speed-up over FIFO (scripts/benchmarks/data/bench_sim_results.json)", fontsize=10)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=90)

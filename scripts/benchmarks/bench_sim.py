@@ -6,8 +6,8 @@ Writes one JSON file (default out/bench_sim.json) and prints a summary. Every ce
 ByteScheduler with the default credit and with the best credit of a sweep, Prophet (default and
 paper) and reports each as a ratio to the best credit and to the lower bound.
 
-    .venv/bin/python scripts/bench_sim.py                 # the full grid (several minutes)
-    .venv/bin/python scripts/bench_sim.py --quick         # resnet50 + vgg16, 8 workers
+    .venv/bin/python scripts/benchmarks/bench_sim.py                 # the full grid (several minutes)
+    .venv/bin/python scripts/benchmarks/bench_sim.py --quick         # resnet50 + vgg16, 8 workers
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from byteps_prophet.core import EngineTraits, ManualClock, Settings, Task, make_scheduler
-from byteps_prophet.core.engine import load_engine
+from byteps_prophet.core.traits import load_engine
 from byteps_prophet.sim.costmodel import compute_times
-from byteps_prophet.sim.engine import ClusterSpec, Simulation, layers_from, lower_bound_s
+from byteps_prophet.sim.simulation import ClusterSpec, Simulation, layers_from, lower_bound_s
 from byteps_prophet.sim.runner import CREDIT_SWEEP, compare
 from byteps_prophet.sim.zoo import MODELS, get_model
 
@@ -319,16 +319,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="resnet50 and vgg16, 8 workers only")
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--workers", default="2,8,32", help="comma-separated worker counts of the grid")
-    ap.add_argument("--compact", metavar="JSON", help="also write a compact copy (docs/bench_sim_results.json)")
+    ap.add_argument("--compact", metavar="JSON", help="also write a compact copy (scripts/benchmarks/data/bench_sim_results.json)")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help="comma-separated parts to run (grid, changing, decision, speed, scale); the others are "
                          "kept from an existing --out file, so the timed parts can run alone under a lock")
-    ap.add_argument("--engine-ps", default="docs/replay/engine_byteps.json", metavar="FILE",
+    ap.add_argument("--engine-ps", default="scripts/benchmarks/data/replay/engine_byteps.json", metavar="FILE",
                     help="engine profile of the scale part's parameter server (default: the calibrated BytePS, "
-                         "docs/replay/engine_byteps.json)")
-    ap.add_argument("--engine-allreduce", default="docs/replay/engine_gloo.json", metavar="FILE",
+                         "scripts/benchmarks/data/replay/engine_byteps.json)")
+    ap.add_argument("--engine-allreduce", default="scripts/benchmarks/data/replay/engine_gloo.json", metavar="FILE",
                     help="engine profile of the scale part's all-reduce (default: the calibrated gloo, "
-                         "docs/replay/engine_gloo.json)")
+                         "scripts/benchmarks/data/replay/engine_gloo.json)")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if parts == ["none"]:  # only rewrite --compact from --out

@@ -17,12 +17,12 @@ For each real configuration of docs/AB.md and docs/MXNET.md (CONFIGS below):
    predicted as the mean of those windows; others with one representative worker. A variant's error
    is the median over its rounds of each round's error.
 
-Everything the replay needs is kept under docs/replay/ (profiles, engines, measured step times), so
-``--replay-only`` re-runs step 3 without a cluster. Results: docs/replay/results.json and a table.
+Everything the replay needs is kept under scripts/benchmarks/data/replay/ (profiles, engines, measured step times), so
+``--replay-only`` re-runs step 3 without a cluster. Results: scripts/benchmarks/data/replay/results.json and a table.
 
-    scripts/bench_replay.py                      # record what is missing, calibrate, replay (about 20 minutes, root)
-    scripts/bench_replay.py --replay-only        # replay what docs/replay/ holds (under a minute)
-    scripts/bench_replay.py --configs gloo_vgg_1g --replay-only
+    scripts/benchmarks/bench_replay.py                      # record what is missing, calibrate, replay (about 20 minutes, root)
+    scripts/benchmarks/bench_replay.py --replay-only        # replay what scripts/benchmarks/data/replay/ holds (under a minute)
+    scripts/benchmarks/bench_replay.py --configs gloo_vgg_1g --replay-only
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs" / "replay"
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "scripts" / "benchmarks" / "data" / "replay"
 LOCK = "/tmp/bench.lock"
 VARIANTS = ("fifo", "bytescheduler", "prophet")
 TARGET = 0.05  # relative error the issue asks for
@@ -87,7 +87,7 @@ CONFIGS = {
     "mxnet_byteps_transformer_200m_bbr": dict(
         **BYTEPS_MXNET, engine="byteps", tcp="bbr"),
 }
-# Each engine file (docs/replay/engine_<name>.json): the backend it calibrates, at the rate of its first
+# Each engine file (scripts/benchmarks/data/replay/engine_<name>.json): the backend it calibrates, at the rate of its first
 # configuration (other rates take the same per-message cost and latency, and the calibrated share of the
 # shaped rate), under the TCP its configurations record under (none: the machine's, BBR here), the median
 # of ``repeat`` calibrations (``calibrate --repeat``; the engines before it are one calibration each).
@@ -215,7 +215,7 @@ def link_args(engine_file: Path, bandwidth: str, with_engine: bool, arch: str, w
 
 def overridden_engine(engine_file: Path, overrides: dict, folder: Path) -> Path:
     """A copy of ``engine_file`` in ``folder`` with ``overrides`` set in its traits (checked on load)."""
-    from byteps_prophet.core.engine import EngineTraits
+    from byteps_prophet.core.traits import EngineTraits
 
     doc = json.loads(engine_file.read_text())
     doc["traits"] = {**doc["traits"], **overrides}
@@ -437,9 +437,9 @@ def table(results: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
-    p.add_argument("--replay-only", action="store_true", help="no cluster: replay what docs/replay/ holds")
+    p.add_argument("--replay-only", action="store_true", help="no cluster: replay what scripts/benchmarks/data/replay/ holds")
     p.add_argument("--no-calibrate", action="store_true", help="record, but keep the engine files there are")
-    p.add_argument("--rerecord", action="store_true", help="record configurations docs/replay/ already holds again")
+    p.add_argument("--rerecord", action="store_true", help="record configurations scripts/benchmarks/data/replay/ already holds again")
     p.add_argument("--rounds", type=int, default=1, help="A/B rounds per configuration when recording (default 1)")
     p.add_argument("--iterations", type=int,
                    help="what-if: predict the mean steady-state iteration over this many simulated iterations "
@@ -482,7 +482,7 @@ def main(argv=None) -> int:
             return 2
         for name in names:
             if (OUT / name / "measured.json").is_file() and not args.rerecord:
-                log(f"{name}: recorded already (docs/replay/{name}/measured.json); --rerecord records it again")
+                log(f"{name}: recorded already (scripts/benchmarks/data/replay/{name}/measured.json); --rerecord records it again")
                 continue
             record(name, CONFIGS[name], args.rounds)
         if not args.no_calibrate:
@@ -494,7 +494,7 @@ def main(argv=None) -> int:
         print(f"bench_replay: {err}", file=sys.stderr)
         return 2
     results["overrides"] = overrides
-    # a what-if (overrides) leaves docs/replay/results.json with the engine files' own replay
+    # a what-if (overrides) leaves scripts/benchmarks/data/replay/results.json with the engine files' own replay
     what_if = overrides or args.compute != "recorded" or args.iterations or args.drift
     if not what_if and set(names) == set(CONFIGS):  # a subset's replay would drop the others' rows
         (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""Shape this host's own link, for the Docker entrypoint: ``python -m byteps_prophet.cluster.linkshape``.
+"""Shape this host's own link, for the Docker entrypoint: ``python -m byteps_prophet.cluster.container_shaping``.
 
 Under Docker the far end of a container's link is the Docker bridge, out of reach, so the container
 shapes both directions itself: egress on its device, ingress through an ifb device that the ingress
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"linkshape: error: {err}", file=sys.stderr)
         return 2
-    parser = argparse.ArgumentParser(prog="python -m byteps_prophet.cluster.linkshape",
+    parser = argparse.ArgumentParser(prog="python -m byteps_prophet.cluster.container_shaping",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=job.link_device)
     parser.add_argument("--bandwidth", default=job.link_bandwidth)

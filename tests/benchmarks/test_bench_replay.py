@@ -1,9 +1,9 @@
-"""scripts/bench_replay.py's bookkeeping: the order check and the simulator's link from an engine."""
+"""scripts/benchmarks/bench_replay.py's bookkeeping: the order check and the simulator's link from an engine."""
 import json
 
 import pytest
 
-from byteps_prophet.core.engine import EngineTraits, save_engine
+from byteps_prophet.core.traits import EngineTraits, save_engine
 from tests.conftest import load_script
 
 
@@ -78,7 +78,7 @@ def test_link_args_put_the_engine_in_the_simulators_terms(bench, tmp_path):
 
 @pytest.mark.slow
 def test_the_gloo_replay_stays_within_8_percent_of_the_measured_steps(bench):
-    """The committed gloo recording (docs/replay/torch_gloo_vgg_1g, five rounds, Prophet fusing its
+    """The committed gloo recording (scripts/benchmarks/data/replay/torch_gloo_vgg_1g, five rounds, Prophet fusing its
     collectives) replayed with its calibrated engine: every variant's median within 8% of its measured
     step (+3.2%, +3.8%, -0.6% with the engine of d874483, timed as recorded; Prophet was 15% fast
     with a rate fitted up to 2 MB collectives, and FIFO 11% slow while a bias's missing forward time
