@@ -89,8 +89,15 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
-        """Each field from its variable in ``ENVIRONMENT`` (unset or empty: the default)."""
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 overrides: Mapping[str, object] | None = None) -> "Settings":
+        """Each field from its variable in ``ENVIRONMENT`` (unset or empty: the default); a field named
+        in ``overrides`` (keyword arguments a user passed, e.g. to ``DistributedOptimizer``) takes that
+        value instead. An unknown name in ``overrides`` is a one-line ConfigError."""
+        unknown = sorted(set(overrides or ()) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"{unknown[0]!r} is not a setting; valid: "
+                              f"{', '.join(f.name for f in dataclasses.fields(cls))}")
         env = _renamed(os.environ if environ is None else environ)
         values = {}
         for field in dataclasses.fields(cls):
@@ -101,6 +108,7 @@ class Settings:
                     _convert(name, raw.strip(), type(field.default), valid)
         if env.get("BYTESCHEDULER_PARTITION", "").strip():
             values["prophet_partition"] = 0  # a partition set is Prophet's partition too (docs/PYTORCH.md)
+        values.update(overrides or {})
         return cls(**values)
 
 
