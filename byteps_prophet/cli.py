@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "byteps_prophet.ab.cli",
     "byteps_prophet.calibrate.cli",
     "byteps_prophet.deploy.cli",
+    "byteps_prophet.core.cli",
 )
 
 
