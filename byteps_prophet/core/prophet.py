@@ -16,7 +16,7 @@ from heapq import heappop, heappush
 from byteps_prophet.core.bytescheduler import ByteScheduler
 from byteps_prophet.core.link_model import LinkModel
 from byteps_prophet.core.prediction import StepPrediction
-from byteps_prophet.core.profiler import ReadyProfiler, StepProfile
+from byteps_prophet.core.ready_pattern import ReadyProfiler, StepProfile
 from byteps_prophet.core.task import Fused, Task, atom_grid, atom_rows
 
 MIN_FLOOR_BYTES = 64 * 1024
