@@ -57,6 +57,9 @@ _BOOL_VALID = "0, 1"
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    """Every setting, each a field declared once (``setting``): the declarations are what make the class
+    long; its logic is ``__post_init__`` (the checks) and ``from_env``."""
+
     scheduler: str = setting(
         "BYTEPS_SCHEDULER", "fifo", ", ".join(SCHEDULERS),
         "the scheduler: `fifo` (stock behaviour), `bytescheduler` or `prophet`",
