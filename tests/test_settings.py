@@ -155,7 +155,10 @@ def test_an_invalid_override_names_the_keyword():
     assert str(err.value) == "scheduler='lifo' is not a scheduler; valid: fifo, bytescheduler, prophet"
     with pytest.raises(ConfigError, match="^partition='big' is invalid; valid: "):
         Settings.from_env({}, overrides={"partition": "big"})
+    with pytest.raises(ConfigError, match="^overlap='yes' is invalid; valid: 0, 1$"):
+        Settings.from_env({}, overrides={"overlap": "yes"})
     assert Settings.from_env({"BYTESCHEDULER_CREDIT": "-5"}, overrides={"credit": 7}).credit == 7
+    assert Settings.from_env({}, overrides={"timeout": 5, "overlap": True, "trace": "/tmp/T.json"}).timeout == 5
 
 
 def test_an_invalid_variable_still_names_the_variable():

@@ -196,6 +196,9 @@ class Settings:
         if unknown:
             raise ConfigError(f"{unknown[0]!r} is not a setting; valid: {', '.join(DECLARATIONS)}")
         for field, value in overrides.items():
+            if not _of_type(value, type(_DEFAULTS[field])):
+                raise ConfigError(f"{field}={value!r} {DECLARATIONS[field].complaint}; "
+                                  f"valid: {DECLARATIONS[field].valid}")
             _check(DECLARATIONS[field], value, field)
         env = _renamed(os.environ if environ is None else environ)
         values = {}
@@ -224,6 +227,13 @@ def _check(declaration: Declaration, value, name: str) -> None:
         good = False
     if not good:
         raise ConfigError(f"{name}={value!r} {declaration.complaint}; valid: {declaration.valid}")
+
+
+def _of_type(value, kind: type) -> bool:
+    """Whether a keyword's value has its field's type (an int will do for a float; a bool is no number)."""
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    return isinstance(value, (int, float) if kind is float else kind)
 
 
 def default_text(field: str) -> str:
