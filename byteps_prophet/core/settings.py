@@ -196,10 +196,7 @@ class Settings:
         if unknown:
             raise ConfigError(f"{unknown[0]!r} is not a setting; valid: {', '.join(DECLARATIONS)}")
         for field, value in overrides.items():
-            if not _of_type(value, type(_DEFAULTS[field])):
-                raise ConfigError(f"{field}={value!r} {DECLARATIONS[field].complaint}; "
-                                  f"valid: {DECLARATIONS[field].valid}")
-            _check(DECLARATIONS[field], value, field)
+            _check(DECLARATIONS[field], value, field, kind=type(_DEFAULTS[field]))
         env = _renamed(os.environ if environ is None else environ)
         values = {}
         for field in dataclasses.fields(cls):
@@ -217,12 +214,14 @@ DECLARATIONS: dict[str, Declaration] = {f.name: f.metadata["setting"] for f in d
 ENVIRONMENT = {field: (d.variable, d.valid) for field, d in DECLARATIONS.items()}
 RENAMED = {d.old_name: d.variable for d in DECLARATIONS.values() if d.old_name}  # old -> new
 PATHS = tuple(field for field, d in DECLARATIONS.items() if d.path)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
 
 
-def _check(declaration: Declaration, value, name: str) -> None:
-    """A one-line ConfigError naming ``name`` (the variable, or the keyword as written) unless valid."""
+def _check(declaration: Declaration, value, name: str, kind: type | None = None) -> None:
+    """A one-line ConfigError naming ``name`` (the variable, or the keyword as written) unless valid
+    (and, with ``kind``, of that type)."""
     try:
-        good = declaration.check(value)
+        good = (kind is None or _of_type(value, kind)) and declaration.check(value)
     except TypeError:
         good = False
     if not good:
@@ -246,9 +245,6 @@ def default_text(field: str) -> str:
     if isinstance(default, str):
         return f"`{default}`" if default else "unset"
     return str(default)
-
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
 
 
 def _meaning(declaration: Declaration) -> str:
