@@ -1,15 +1,14 @@
 """The one entry point: ``byteps-prophet <command> ...``.
 
-Each room of the package that offers a command has a ``cli.py`` with ``register(subparsers)``; the
-parser it adds sets ``func(args) -> int``. Errors a user can fix (``UserError``) are printed as one
-line and exit with status 2, like argparse's own usage errors. Ctrl-C and SIGTERM (``kill``, a CI
-timeout) unwind like an exception, so every command tears down what it started (a cluster's
-processes, namespaces and qdiscs) before it exits with 130 or 143.
+Each room of the package that offers a command has a ``cli.py`` with ``register(subparsers)``
+(``command_modules`` lists them); the parser it adds sets ``func(args) -> int``. Errors a user can
+fix (``UserError``) are printed as one line and exit with status 2, like argparse's own usage errors.
+Ctrl-C and SIGTERM (``kill``, a CI timeout) unwind like an exception, so every command tears down what
+it started (a cluster's processes, namespaces and qdiscs) before it exits with 130 or 143.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import signal
 import sys
@@ -17,14 +16,18 @@ import sys
 from byteps_prophet import __version__
 from byteps_prophet.errors import UserError
 
-# Rooms whose cli.py registers a subcommand. A room that is missing (not built yet) is skipped.
-COMMAND_MODULES = (
-    "byteps_prophet.sim.cli",
-    "byteps_prophet.cluster.cli",
-    "byteps_prophet.ab.cli",
-    "byteps_prophet.calibrate.cli",
-    "byteps_prophet.deploy.cli",
-)
+
+def command_modules() -> tuple:
+    """Each room's ``cli`` module (``register(subparsers)``), in the order ``--help`` lists them; imported
+    when the parser is built, so importing this module stays cheap."""
+    from byteps_prophet.ab import cli as ab
+    from byteps_prophet.calibrate import cli as calibrate
+    from byteps_prophet.cluster import cli as cluster
+    from byteps_prophet.core import cli as settings
+    from byteps_prophet.deploy import cli as deploy
+    from byteps_prophet.sim import cli as simulate
+
+    return simulate, cluster, ab, calibrate, deploy, settings
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -41,13 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=OneLineParser)
-    for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name == module_name:
-                continue
-            raise
+    for module in command_modules():
         module.register(subparsers)
     return parser
 

@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from byteps_prophet.cluster.container import VARIABLES, container
-from byteps_prophet.core.settings import ENVIRONMENT, PATHS, RENAMED, Settings
+from byteps_prophet import cli
+from byteps_prophet.core.settings import (DECLARATIONS, ENVIRONMENT, PATHS, README_END, README_START, RENAMED,
+                                          Settings, readme_region, settings_help, with_settings_table)
 from byteps_prophet.errors import ConfigError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -81,3 +83,88 @@ def test_an_old_name_still_works_with_a_warning(old):
     assert str(getattr(got, field)) == value
     with pytest.warns(FutureWarning):  # the new name wins when both are set
         assert str(getattr(Settings.from_env({old: value, new: "9"}), field)) == "9"
+
+
+def test_the_readme_table_is_the_generated_one():
+    """README's settings table is generated (``byteps-prophet settings --write-readme README.md``)."""
+    text = README.read_text()
+    region = text[text.index(README_START):text.index(README_END) + len(README_END)]
+    assert region == readme_region(), "run: byteps-prophet settings --write-readme README.md"
+    assert with_settings_table(text) == text
+
+
+def test_the_table_is_one_table_with_one_row_per_setting():
+    table = readme_region().split("\n")[1:-1]
+    rows = table[:table.index("")]
+    assert len(rows) == 2 + len(DECLARATIONS) and all(row.startswith("|") for row in rows)
+
+
+def test_regenerating_replaces_only_the_region():
+    stale = f"before\n{README_START}\n| old |\n{README_END}\nafter\n"
+    assert with_settings_table(stale) == f"before\n{readme_region()}\nafter\n"
+    with pytest.raises(ConfigError, match="settings-table"):
+        with_settings_table("no markers")
+
+
+def test_settings_command_lists_every_setting(capsys):
+    assert cli.main(["settings"]) == 0
+    out = capsys.readouterr().out
+    assert all(d.variable in out and d.valid in out for d in DECLARATIONS.values())
+    assert cli.main(["settings", "--markdown"]) == 0
+    assert capsys.readouterr().out in readme_region()
+
+
+def test_settings_command_rewrites_a_readme(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{README_START}\n{README_END}\n")
+    assert cli.main(["settings", "--write-readme", str(readme)]) == 0
+    assert readme.read_text() == f"# x\n{readme_region()}\n"
+
+
+def test_help_names_the_variables_and_defaults():
+    text = settings_help(["partition", "prophet_mode"])
+    assert "BYTESCHEDULER_PARTITION=1000000" in text and "PROPHET_MODE=default" in text and "\n" not in text
+
+
+def test_a_partition_changes_no_other_setting():
+    """BYTESCHEDULER_PARTITION is ByteScheduler's partition only: Prophet's stays its own setting."""
+    got = Settings.from_env({"BYTESCHEDULER_PARTITION": "500"})
+    assert got.partition == 500 and got.prophet_partition == Settings().prophet_partition
+    got = Settings.from_env({"BYTESCHEDULER_PARTITION": "500", "BYTEPS_PROPHET_PARTITION": "123"})
+    assert (got.partition, got.prophet_partition) == (500, 123)
+
+
+@pytest.mark.parametrize("field", sorted(ENVIRONMENT))
+def test_setting_one_variable_changes_one_field(field):
+    name, _ = ENVIRONMENT[field]
+    value = {"scheduler": "prophet", "prophet_mode": "paper", "link_monitor": "core", "backend": "gloo"}.get(
+        field, "/tmp/x" if field in PATHS else "1" if isinstance(getattr(Settings(), field), bool) else "7")
+    if isinstance(getattr(Settings(), field), bool) and getattr(Settings(), field):
+        value = "0"
+    got, default = Settings.from_env({name: value}), Settings()
+    changed = [f for f in ENVIRONMENT if getattr(got, f) != getattr(default, f)]
+    assert changed == [field]
+
+
+def test_an_invalid_override_names_the_keyword():
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({}, overrides={"credit": -5})
+    assert str(err.value) == "credit=-5 is invalid; valid: a positive integer (elements)"
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({}, overrides={"scheduler": "lifo"})
+    assert str(err.value) == "scheduler='lifo' is not a scheduler; valid: fifo, bytescheduler, prophet"
+    with pytest.raises(ConfigError, match="^partition='big' is invalid; valid: "):
+        Settings.from_env({}, overrides={"partition": "big"})
+    with pytest.raises(ConfigError, match="^overlap='yes' is invalid; valid: 0, 1$"):
+        Settings.from_env({}, overrides={"overlap": "yes"})
+    assert Settings.from_env({"BYTESCHEDULER_CREDIT": "-5"}, overrides={"credit": 7}).credit == 7
+    assert Settings.from_env({}, overrides={"timeout": 5, "overlap": True, "trace": "/tmp/T.json"}).timeout == 5
+
+
+def test_an_invalid_variable_still_names_the_variable():
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"BYTESCHEDULER_CREDIT": "-5"})
+    assert str(err.value) == "BYTESCHEDULER_CREDIT=-5 is invalid; valid: a positive integer (elements)"
+    with pytest.raises(ConfigError) as err:
+        Settings(scheduler="lifo")
+    assert str(err.value) == "BYTEPS_SCHEDULER='lifo' is not a scheduler; valid: fifo, bytescheduler, prophet"

@@ -18,7 +18,7 @@ from byteps_prophet.core.tuning import ALLREDUCE_BOUNDS, PS_BOUNDS, CreditTuner
 
 class ByteScheduler(Scheduler):
     name = "bytescheduler"
-    tuning_steps_per_probe = 10  # the original measured ~100 steps per probe
+    tuning_steps_per_probe = 10  # steps timed per credit probed (the original times about 100)
 
     def __init__(self, settings, clock, transport, on_done=None, monitor=None) -> None:
         super().__init__(settings, clock, transport, on_done, monitor)

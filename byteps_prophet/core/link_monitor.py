@@ -5,8 +5,8 @@ issued it; each op pays a start-up latency that others in flight overlap), so :c
 feeds the core's estimators differently: service samples only from back-to-back completions; the
 recent peak delivery rate as the fallback rate; the idle-link start-up ``latency`` tracked apart (it
 never enters the per-message cost); a change of the link detected after ``SHIFT_RUN`` samples off the
-fit by ``SHIFT_RATIO``, not averaged away. Why and the measurements: docs/DESIGN.md, "Link monitor
-(plugins)", "Start-up latency" and "Fused collectives".
+fit by ``SHIFT_RATIO``, not averaged away. Why: docs/DESIGN.md, "Link monitor (plugins)", "Start-up
+latency" and "Fused collectives".
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ class LinkMonitor(BandwidthMonitor):
         if len(pts) < MIN_FIT_SAMPLES and self.shifts and pts:
             # Just after a detected change, the few samples kept are the best evidence of the new link:
             # a line through the origin, never the peak delivery rate alone (one op sent just before a
-            # burst of completions "delivers" gigabytes per second; seen on the KVStore path).
+            # burst of completions "delivers" gigabytes per second).
             sx, sy = sum(x for x, _ in pts), sum(y for _, y in pts)
             if sx > 0 and sy > 0:
                 self._lm_fit = (0.0, sy / sx)
@@ -140,8 +140,8 @@ class LinkMonitor(BandwidthMonitor):
         # The cost the link serialises is at most the smallest overhead seen between back-to-back
         # completions: with one or two ops in flight a gap still holds the rest of the next op's
         # start-up latency, and a cost fitted through those gaps would keep the ops few and the
-        # latency exposed (a feedback loop measured at 1 Gbit/s: 5-7 ms fitted, small ops sent one at
-        # a time, 10-20 ms each). A low quantile of the residuals breaks it.
+        # latency exposed, a feedback loop (docs/DESIGN.md, "Link monitor (plugins)"). A low quantile
+        # of the residuals breaks it.
         if collective:
             pairs = self._lm_pairs.fit(flat_through_origin=True)
             if pairs is None:

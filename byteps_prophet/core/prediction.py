@@ -6,7 +6,7 @@ predicted progress through backward) and the next gradient not yet arrived.
 """
 from __future__ import annotations
 
-from byteps_prophet.core.profiler import StepProfile
+from byteps_prophet.core.ready_pattern import StepProfile
 
 PACE_LIMITS = (0.5, 2.0)
 

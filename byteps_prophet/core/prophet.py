@@ -6,6 +6,13 @@ like ByteScheduler whenever either is unknown. ``paper`` mode is section 3 as pu
 ``default`` mode keeps the prediction but never idles the link. Its rules depend on the engine
 (``self.traits``: stages, whether pulls follow pushes, atoms); each rule, with the measurement that
 decided it, is a record in docs/DESIGN.md, cited below by its heading.
+
+What stands on its own lives beside it: the prediction (``core/prediction.py``), the link model
+(``core/link_model.py``), the blocks' progress (``core/blocks.py``), the fused collectives
+(``core/fusion.py``), the atom cuts (``Task.atom_runs``, ``Task.rows_for``). ``Prophet`` keeps the
+decisions (when to send, how much, under which bounds) in one class: each reads the same iteration
+state (the plan, the queue, the link model, what is in flight) and changes it, so split further they
+would pass that state back and forth.
 """
 from __future__ import annotations
 
@@ -13,11 +20,14 @@ import math
 from collections import Counter, deque
 from heapq import heappop, heappush
 
+from byteps_prophet.core import fusion
+from byteps_prophet.core.blocks import BlockProgress
 from byteps_prophet.core.bytescheduler import ByteScheduler
+from byteps_prophet.core.fusion import END_HOLD_COSTS, FUSION_LATENCIES
 from byteps_prophet.core.link_model import LinkModel
 from byteps_prophet.core.prediction import StepPrediction
-from byteps_prophet.core.profiler import ReadyProfiler, StepProfile
-from byteps_prophet.core.task import Fused, Task, atom_grid, atom_rows
+from byteps_prophet.core.ready_pattern import ReadyProfiler, StepProfile
+from byteps_prophet.core.task import Task
 
 MIN_FLOOR_BYTES = 64 * 1024
 FLOOR_LATENCIES = 4  # a chunk lasts at least this many per-message latencies: overhead <= 25%
@@ -25,12 +35,6 @@ TRAILING_CHUNK_BYTES = 2 * 1024 * 1024  # where pulls follow pushes: DESIGN.md, 
 KEEPS_UP_BACKLOG = 0.1  # of the step's bytes: DESIGN.md, "Link keeps up"
 KEEPS_UP_ITERATIONS = 5  # the rate that decides it: one that this many of the last
 KEEPS_UP_REACHED = 2  # ... KEEPS_UP_ITERATIONS iterations' readings reached
-FUSION_LATENCIES = 16  # a fused collective carries at least this many per-message costs' worth of bytes
-# Fused, before gradient 0 (DESIGN.md, "Fused collectives", "Gradient 0's collective"): a collective that
-# could not end before gradient 0 reaches the link waits for it, at most this many per-message costs past
-# the predicted end of backward; and the forward pass lasts about this share of the backward.
-END_HOLD_COSTS = 1.0
-FORWARD_PER_BACKWARD = 0.5
 
 
 class Prophet(ByteScheduler):
@@ -52,7 +56,7 @@ class Prophet(ByteScheduler):
         self._pulls_follow_pushes = traits.pulls_follow_pushes
         self._chunk_cap = settings.max_chunk_bytes or (TRAILING_CHUNK_BYTES if self._pulls_follow_pushes else math.inf)
         # Cuts end on multiples of this many elements' rows (0: any row), for engines where each
-        # distinct slice is a key to set up (fixed atoms): see ``_rows_for``.
+        # distinct slice is a key to set up (fixed atoms): see ``Task.rows_for``.
         self.cut_elements = traits.atom_elements
         self.prediction = StepPrediction()
         self.link = LinkModel(self._serializations + self._pulls_follow_pushes, traits.is_parameter_server)
@@ -68,13 +72,7 @@ class Prophet(ByteScheduler):
         self._backward_done = False  # end_of_backward seen for the current iteration
         self._drain_chunk: float | None = None
         self._drain_started = False  # the first collective after the end of backward has gone (fused)
-        # The paper mode's blocks: each block's gradient count, those not yet arrived this iteration,
-        # the first block not completely collected, and collected blocks whose budget is to be granted.
-        self._block_sizes: list[int] = []
-        self._missing: list[int] = []
-        self._next_block = 0
-        self._in_last_block = False
-        self._releases: deque[int] = deque()
+        self.blocks = BlockProgress()  # which profiled blocks are collected; the paper mode's budgets
         # The rate read at the start of each of the last iterations, with a profile or without:
         # DESIGN.md, "Link keeps up"
         self._recent_rates: deque[float] = deque(maxlen=KEEPS_UP_ITERATIONS)
@@ -99,9 +97,9 @@ class Prophet(ByteScheduler):
             if first:
                 block = plan.block_of.get(index)
                 if block is not None:
-                    self._missing[block] -= 1
+                    self.blocks.arrived(block)
             self.prediction.follow(index, now)
-            self._collect_blocks(until=plan.block_for(index))
+            self.blocks.collect(plan, until=plan.block_for(index))
 
     def _on_end_of_backward(self, iteration: int) -> None:
         if iteration != self._iteration:
@@ -109,7 +107,7 @@ class Prophet(ByteScheduler):
         self._backward_done = True
         self.profiler.close()
         if self._plan is not None:
-            self._collect_blocks(until=len(self._plan.blocks))
+            self.blocks.collect(self._plan, until=len(self._plan.blocks))
 
     def _on_renumber(self, index_of: dict[int, int]) -> None:
         self.profiler.renumber(index_of)
@@ -135,33 +133,16 @@ class Prophet(ByteScheduler):
         if plan is not None:
             if plan is not self.prediction.derived_from:
                 self.prediction.derive(plan, self._sizes)
-                self._block_sizes = [len(block.indices) for block in plan.blocks]
+                self.blocks.derive(plan)
             if decide_keeps_up and self._link_keeps_up():
                 self._plan = None
                 self.credit_iterations["link keeps up"] += 1
             else:
                 self.planned_iterations += 1
-            self._missing = list(self._block_sizes)
+        self.blocks.begin()
         self._drain_chunk = None
         self._drain_started = False
-        self._next_block = 0
-        self._in_last_block = False
         self._backward_done = False
-        self._releases.clear()
-
-    def _collect_blocks(self, until: int) -> None:
-        """Blocks before ``until`` are complete (a later one has started); so is any fully arrived."""
-        blocks, missing = self._plan.blocks, self._missing
-        while self._next_block < len(blocks):
-            block = blocks[self._next_block]
-            if self._next_block >= until and missing[self._next_block] > 0:
-                return
-            if block.gap_after is None:
-                self._in_last_block = True
-            else:
-                self._releases.append(self._next_block)
-            self._next_block += 1
-        self._in_last_block = True
 
     # -- decisions -----------------------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -174,17 +155,18 @@ class Prophet(ByteScheduler):
 
     def _dispatch_paper(self) -> None:
         bandwidth = self.bandwidth.bytes_per_s
-        while self._releases:
-            budget = self._plan.blocks[self._releases.popleft()].gap_after * bandwidth
+        releases = self.blocks.releases
+        while releases:
+            budget = self._plan.blocks[releases.popleft()].gap_after * bandwidth
             while self._queue and self._peek().nbytes <= budget:
                 piece = self._pop()
                 budget -= piece.nbytes
                 self._send(piece)
-        if self._in_last_block:
+        if self.blocks.in_last:
             self._dispatch_under_credit()
 
     def _dispatch_work_conserving(self) -> None:
-        self._releases.clear()  # blocks only pace the paper mode
+        self.blocks.releases.clear()  # blocks only pace the paper mode
         queue = self._queue
         if not queue:
             return
@@ -239,17 +221,17 @@ class Prophet(ByteScheduler):
             # The most urgent pending rows, cut to ``chunk``: the rest stays queued.
             piece = heappop(queue)[2]
             if self.fuses and drain and not self._drain_started:
-                chunk = self._first_drain_chunk(piece, chunk, floor, cost)
+                chunk = fusion.first_drain_chunk(prediction, self._sizes, piece, chunk, floor, cost)
             # (fused, after the end of backward: pieces are fused up to the chunk but never cut, since a
             # real engine's collective costs more than the fixed cost its monitor measures: its start-up)
             if piece.nbytes > 1.25 * chunk and not (self.fuses and drain):
-                rows = self._rows_for(piece, chunk)
+                rows = piece.rows_for(chunk, self.cut_elements)
                 if rows < piece.rows:
                     head = piece.split_head(rows)
                     heappush(queue, (piece.priority, next(self._sequence), piece))
                     piece = head
             elif self.fuses and queue and piece.nbytes < chunk:
-                piece = self._fused(piece, chunk)
+                piece = fusion.fuse_pending(queue, piece, chunk)
             if drain:
                 self._drain_started = True
             self.pending_bytes -= piece.nbytes
@@ -273,71 +255,16 @@ class Prophet(ByteScheduler):
         else:
             if self._drain_chunk is None:  # after the last arrival: equal chunks for what is pending
                 if self.fuses:
-                    self._drain_chunk = self._fused_drain_chunk(bandwidth, cost)
+                    self._drain_chunk = fusion.drain_chunk(self.prediction, self.pending_bytes, bandwidth, cost)
                 else:
                     stages = self._serializations - 1
                     self._drain_chunk = math.sqrt(self.pending_bytes * bandwidth * cost / stages) if stages else math.inf
             chunk = self._drain_chunk
         if chunk < floor and not (self.fuses and not self._drain_started and start >= end + latency):
-            chunk = floor  # (the first fused collective after the end of backward: _first_drain_chunk)
+            chunk = floor  # (the first fused collective after backward: fusion.first_drain_chunk)
         if chunk > self._chunk_cap:
             chunk = self._chunk_cap
         return chunk
-
-    def _fused_drain_chunk(self, bandwidth: float, cost: float) -> float:
-        """Fused collectives after the end of backward: equal chunks of what is pending, as many as
-        balance their fixed costs against the compute of the next forward pass left after the last one
-        (``k x cost`` against ``chunk x seconds of compute per byte``). The backward's seconds per byte
-        (the profiled span over the step's bytes) stands for the forward's (DESIGN.md, "Fused
-        collectives")."""
-        prediction = self.prediction
-        step_bytes = prediction.bytes_from[0]
-        per_byte = prediction.span / step_bytes if step_bytes and prediction.span > 0 else 1.0 / bandwidth
-        return math.sqrt(self.pending_bytes * cost / per_byte)
-
-    def _first_drain_chunk(self, head: Task, chunk: float, floor: float, cost: float) -> float:
-        """The first fused collective after the end of backward carries gradient 0 (the most urgent
-        pending, ``head``), whole, and the next most urgent pieces up to the fused drain chunk, so the
-        next forward pass can start on them while the rest follows. That pays only if the forward
-        compute of the layers it carries (from the profiled backward gaps) outlasts the fixed cost
-        of the collective that follows: otherwise it goes with everything up to the floor, as the
-        other collectives (DESIGN.md, "Fused collectives", "Gradient 0's collective")."""
-        chunk = max(chunk, self._sizes.get(head.index, 0))
-        if FORWARD_PER_BACKWARD * self._backward_within(head.index, chunk) < cost:
-            chunk = max(chunk, floor)
-        return chunk
-
-    def _backward_within(self, first: int, nbytes: float) -> float:
-        """Predicted backward compute of gradients ``first``, ``first + 1``, ... while their bytes fit
-        in ``nbytes``: each one's gap after the arrival before it, at the current pace."""
-        prediction = self.prediction
-        order, offsets = prediction.order, prediction.offsets
-        position = {index: k for k, index in enumerate(order)}
-        total = compute = 0.0
-        index = first
-        while index in self._sizes:
-            total += self._sizes[index]
-            if total > nbytes:
-                break
-            k = position.get(index)
-            if k:
-                compute += offsets[k] - offsets[k - 1]
-            index += 1
-        return prediction.pace * compute
-
-    def _fused(self, head: Task, chunk: float) -> Task | Fused:
-        """``head`` and the next most urgent whole pending pieces of its iteration, while they fit in
-        ``chunk`` bytes together: one message (DESIGN.md, "Fused collectives")."""
-        queue = self._queue
-        members, total = [head], head.nbytes
-        while queue:
-            piece = queue[0][2]
-            if piece.iteration != head.iteration or total + piece.nbytes > chunk:
-                break
-            heappop(queue)
-            members.append(piece)
-            total += piece.nbytes
-        return head if len(members) == 1 else Fused(members)
 
     def _window_full(self) -> bool:
         """Whether what is in flight fills the flight window: one chunk per stage plus what the link
@@ -358,26 +285,10 @@ class Prophet(ByteScheduler):
         return self.prediction.backlog_at_end(rate, self._sizes) <= KEEPS_UP_BACKLOG * step_bytes
 
     def _queued_pieces(self, task: Task) -> list[Task]:
-        """ByteScheduler's partition; with ``cut_elements``, runs of whole atoms of about that size
-        instead, so that a queued piece never ends inside an atom (the engine would send the whole
-        atom with the first piece, and the link model would count the wrong bytes)."""
+        """ByteScheduler's partition; with ``cut_elements``, runs of whole atoms of about that size."""
         if not self.cut_elements:
             return task.partition(self.settings.partition)
-        quantum = atom_rows(task.row_numel, self.cut_elements)
-        run = quantum * max(1, round(self.settings.partition / (quantum * task.row_numel)))
-        return [task.slice(task.row_start + a, task.row_start + b, part=part)
-                for part, (a, b) in enumerate(atom_grid(task.rows, task.row_numel, run * task.row_numel))]
-
-    def _rows_for(self, piece: Task, nbytes: float) -> int:
-        """Rows of ``piece`` to cut for about ``nbytes``: at least one; with ``cut_elements`` the cut
-        ends on the next multiple of that many elements' rows (counted from row 0 of the gradient), so
-        every slice is a run of the same fixed atoms whatever the prediction."""
-        rows = max(1, int(nbytes // (piece.row_numel * piece.itemsize)))
-        if self.cut_elements:
-            quantum = atom_rows(piece.row_numel, self.cut_elements)
-            end = -(-(piece.row_start + rows) // quantum) * quantum
-            rows = end - piece.row_start
-        return rows
+        return task.atom_runs(self.settings.partition, self.cut_elements)
 
     def _send(self, piece: Task) -> None:
         self.credit -= piece.numel  # the credit stays accounted, for the paper mode's last block

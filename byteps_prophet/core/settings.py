@@ -1,6 +1,10 @@
 """One validated settings object, read from the environment once at start.
 
 Everything else receives a ``Settings``; nothing below the plugins reads ``os.environ`` itself.
+Each setting is one declaration (``setting(...)`` below): its field, its variable, its default,
+what is valid and what it means. The checks, ``from_env``, the README's settings table
+(``markdown_table``, written by ``byteps-prophet settings --write-readme``) and the commands' help
+(``settings_help``) are all read from those declarations. No setting changes another.
 Invalid values raise ``ConfigError`` with a one-line message naming the variable and what is valid.
 The knobs the patched engine reads itself (``PS_ZMQ_IDLE_US``, ``BYTEPS_LOOP_IDLE_US``) are fields too,
 so a bad value fails here, before an engine starts. Where a process sits in the job is not a setting:
@@ -11,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Mapping
+from typing import Callable, Iterable, Mapping
 
 from byteps_prophet.errors import ConfigError
 
@@ -19,71 +23,163 @@ SCHEDULERS = ("fifo", "bytescheduler", "prophet")
 PROPHET_MODES = ("default", "paper")
 LINK_MONITORS = ("measured", "core")
 BACKENDS = ("gloo", "nccl", "byteps", "local")  # the torch plugin's (backends.make_backend)
-# Old names still read, with a warning, when the new one is unset: old -> new.
-RENAMED = {"PROPHET_MXNET_ATOM_ELEMENTS": "BYTEPS_PROPHET_ATOM_ELEMENTS",
-           "PROPHET_MXNET_TIMELINE": "BYTEPS_PROPHET_TRACE"}
-# Fields whose value is a path: kept as written (other strings are names, read case-insensitively).
-PATHS = ("trace", "profile", "socket_path")
 
 DEFAULT_PARTITION = 1_000_000  # elements, as in ByteScheduler
 DEFAULT_CREDIT = 4_000_000  # elements, as in ByteScheduler
 
+README_START = "<!-- settings-table:start -->"
+README_END = "<!-- settings-table:end -->"
+
+
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+    """One setting: its environment variable, what is valid (the check and its text), what it means."""
+
+    variable: str
+    valid: str
+    meaning: str
+    check: Callable[[object], bool] = lambda value: True
+    complaint: str = "is invalid"  # the error's verb phrase: "BYTEPS_SCHEDULER='x' is not a scheduler"
+    path: bool = False  # a path is kept as written; other strings are names, read case-insensitively
+    old_name: str = ""  # a former variable, still read (with a warning) while this one is unset
+    default_text: str = ""  # the default as the table shows it, where the value alone would mislead
+
+
+def setting(variable: str, default, valid: str, meaning: str, **declaration) -> dataclasses.Field:
+    """A ``Settings`` field and its declaration (``Declaration``'s other fields as keywords)."""
+    return dataclasses.field(default=default,
+                             metadata={"setting": Declaration(variable, valid, meaning, **declaration)})
+
+
+_PATH_VALID = "a file path ({rank} is replaced by the rank)"
+_BOOL_VALID = "0, 1"
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    scheduler: str = "fifo"
+    """Every setting, each a field declared once (``setting``): the declarations are what make the class
+    long; its logic is ``__post_init__`` (the checks) and ``from_env``."""
+
+    scheduler: str = setting(
+        "BYTEPS_SCHEDULER", "fifo", ", ".join(SCHEDULERS),
+        "the scheduler: `fifo` (stock behaviour), `bytescheduler` or `prophet`",
+        check=lambda v: v in SCHEDULERS, complaint="is not a scheduler")
     # ByteScheduler (units are elements, as in the original).
-    partition: int = DEFAULT_PARTITION
-    credit: int = DEFAULT_CREDIT
-    credit_tuning: bool = False
+    partition: int = setting(
+        "BYTESCHEDULER_PARTITION", DEFAULT_PARTITION, "a positive integer (elements)",
+        "ByteScheduler's largest partition, elements (Prophet's queued pieces: `BYTEPS_PROPHET_PARTITION`)",
+        check=lambda v: v > 0)
+    credit: int = setting(
+        "BYTESCHEDULER_CREDIT", DEFAULT_CREDIT, "a positive integer (elements)",
+        "credit, elements (also bounds what Prophet has in flight on the parameter servers (torch/BytePS, "
+        "both MXNet stores), where pulls follow pushes; there Prophet keeps at most one chunk per link stage "
+        "in flight, or the link's rate times its start-up latency if more: docs/DESIGN.md, \"Flight window\")",
+        check=lambda v: v > 0)
+    credit_tuning: bool = setting(
+        "BYTESCHEDULER_CREDIT_TUNING", False, _BOOL_VALID,
+        "1: tune the credit online by Bayesian optimisation (the original's default; off here so runs are "
+        "reproducible)")
     # Prophet.
-    prophet_mode: str = "default"
-    boundary_factor: float = 2.0  # a gap is a step boundary when > factor x mean gap
-    profile_iterations: int = 3  # iterations whose ready times make one profile (median per gradient)
-    drift_tolerance: float = 0.25  # re-profile when the pattern or bandwidth moves by more than this
-    min_chunk_bytes: int = 0  # 0 = derive from measured per-message cost and bandwidth
-    max_chunk_bytes: int = 0  # 0 = no cap (2 MiB where pulls follow pushes: core/prophet.py)
+    prophet_mode: str = setting(
+        "PROPHET_MODE", "default", ", ".join(PROPHET_MODES),
+        "`default` (work-conserving prediction) or `paper` (the ICPP'21 rule, for reproduction)",
+        check=lambda v: v in PROPHET_MODES, complaint="is not a mode")
+    boundary_factor: float = setting(
+        "PROPHET_BOUNDARY_FACTOR", 2.0, "a number > 1",
+        "a gap is a step boundary when larger than this times the mean gap",
+        check=lambda v: v > 1)
+    profile_iterations: int = setting(
+        "PROPHET_PROFILE_ITERATIONS", 3, "an integer >= 1",
+        "iterations whose ready times make one profile (per-gradient median)",
+        check=lambda v: v >= 1)
+    drift_tolerance: float = setting(
+        "PROPHET_DRIFT_TOLERANCE", 0.25, "a number in (0, 10)",
+        "re-profile after that many iterations whose pattern or bandwidth moved by more than this",
+        check=lambda v: 0 < v < 10)
+    min_chunk_bytes: int = setting(
+        "PROPHET_MIN_CHUNK_BYTES", 0, "an integer >= 0",
+        "chunk floor of the default mode, bytes; 0 = derived from the measured per-message cost and bandwidth",
+        check=lambda v: v >= 0, default_text="0 (derived)")
+    max_chunk_bytes: int = setting(
+        "PROPHET_MAX_CHUNK_BYTES", 0, "an integer >= 0",
+        "chunk cap of the default mode, bytes; 0 = no cap, except 2 MiB on the parameter servers "
+        "(torch/BytePS, both MXNet stores), where pulls follow pushes: docs/DESIGN.md, \"2 MiB trailing chunks\"",
+        check=lambda v: v >= 0, default_text="0 (no cap)")
     # Engine side (the plugins).
-    atom_elements: int = 0  # Prophet's fixed atoms on BytePS and the MXNet stores; 0 = the engine's default
-    link_monitor: str = "measured"  # how the plugins measure their link: LinkMonitor, or the core's monitor
-    # Prophet's queued pieces in the torch plugin, elements; -1 = derived (torch/optimizer.py), 0 = the partition
-    prophet_partition: int = -1
+    atom_elements: int = setting(
+        "BYTEPS_PROPHET_ATOM_ELEMENTS", 0, "an integer >= 0 (elements; 0 = the engine's default)",
+        "Prophet's fixed atoms on BytePS and the MXNet stores (docs/DESIGN.md, \"Fixed atoms\")",
+        check=lambda v: v >= 0, old_name="PROPHET_MXNET_ATOM_ELEMENTS",
+        default_text="0 (the engine's: 250000 on torch/BytePS and the KVStore, the partition on BytePS-MXNet)")
+    link_monitor: str = setting(
+        "BYTEPS_PROPHET_LINK", "measured", ", ".join(LINK_MONITORS),
+        "how the plugins measure their link: `measured` (LinkMonitor: start-up latency apart from the link's "
+        "cost) or `core` (each completion an exact sample)",
+        check=lambda v: v in LINK_MONITORS)
+    prophet_partition: int = setting(
+        "BYTEPS_PROPHET_PARTITION", -1,
+        "-1 (derived), 0 (BYTESCHEDULER_PARTITION) or a positive integer (elements)",
+        "torch plugin: elements per piece Prophet queues (it cuts its own chunks from them); -1 = derived "
+        "(4000000 on all-reduce, `BYTESCHEDULER_PARTITION` on BytePS), 0 = `BYTESCHEDULER_PARTITION` "
+        "(docs/PYTORCH.md)",
+        check=lambda v: v >= -1, default_text="-1 (derived)")
     # The torch plugin.
-    backend: str = ""  # gloo, nccl, byteps, local; "" = from the process (torch.distributed, DMLC_ROLE, WORLD_SIZE)
-    # layer-wise overlap: step() returns before every update landed, a forward waits only for its own
-    # layer's; off, step() returns with every parameter updated, as stock BytePS (docs/DESIGN.md)
-    overlap: bool = False
-    layerwise: bool = True  # per-parameter update as each gradient is synchronised
-    # Prophet's fused collectives on all-reduce (docs/DESIGN.md, "Fused collectives"), in the plugins and
-    # the simulator alike; on: 1.29x over unfused on 4-worker gloo, 6 rounds pooled (docs/DESIGN.md, the decision)
-    fuse: bool = True
+    backend: str = setting(
+        "BYTEPS_PROPHET_BACKEND", "", ", ".join(BACKENDS),
+        "torch plugin: `gloo`, `nccl`, `byteps` or `local`; unset: an initialised torch.distributed group's, "
+        "`byteps` for a BytePS worker (`DMLC_ROLE=worker`), `gloo` when `WORLD_SIZE` > 1, else `local`",
+        check=lambda v: v in ("", *BACKENDS), default_text="from the process")
+    overlap: bool = setting(
+        "BYTEPS_PROPHET_OVERLAP", False, _BOOL_VALID,
+        "torch plugin: 1 turns layer-wise overlap on: `step()` returns before every update landed and each "
+        "module's next forward waits for its own; parameters read any other way may be one update behind "
+        "(docs/PYTORCH.md). 0: `step()` returns with every parameter updated, as stock BytePS's")
+    layerwise: bool = setting(
+        "BYTEPS_PROPHET_LAYERWISE", True, _BOOL_VALID,
+        "torch plugin: 0 disables the per-parameter update (`step()` waits for every gradient, then steps "
+        "the whole optimizer at once)")
+    fuse: bool = setting(
+        "BYTEPS_PROPHET_FUSE", True, _BOOL_VALID,
+        "all-reduce (torch plugin on gloo/NCCL, and the simulator): Prophet sends the most urgent pending "
+        "pieces as one all_reduce (docs/DESIGN.md, \"Fused collectives\"); 0 turns it off. Never applies on "
+        "parameter servers")
     # Diagnostics.
-    trace: str = ""  # PATH ({rank} replaced): each rank's events as Chrome trace JSON (core/trace.py); "" = none
-    profile: str = ""  # PATH ({rank} replaced): the recorded profile (docs/PROFILE.md); "" = none
-    # Every backend: how long a rank waits for its peers to connect or answer before it fails.
-    timeout: float = 300.0
+    trace: str = setting(
+        "BYTEPS_PROPHET_TRACE", "", _PATH_VALID,
+        "PATH: each rank's events (gradients ready, sends, forward waits, Prophet's planned iterations) as "
+        "Chrome trace JSON, both frameworks; open it in ui.perfetto.dev or chrome://tracing (docs/PYTORCH.md, "
+        "\"Trace\"). `{rank}` is replaced; without it rank 0 (the leader) writes PATH and the others "
+        "`<stem>.rank<N>.json`", path=True, old_name="PROPHET_MXNET_TIMELINE")
+    profile: str = setting(
+        "BYTEPS_PROPHET_PROFILE", "", _PATH_VALID,
+        "PATH: the recorded profile for `simulate --profile` (docs/PROFILE.md), both frameworks; `{rank}` is "
+        "replaced, without it rank 0 writes", path=True)
+    timeout: float = setting(
+        "BYTEPS_PROPHET_TIMEOUT", 300.0, "a positive number of seconds",
+        "seconds a rank waits for its peers to connect or answer before it fails, naming what it waited for "
+        "(every backend)",
+        check=lambda v: v > 0, default_text="300")
     # Read by the patched engine itself (patch 0011), validated here so a typo fails in one line
-    # instead of the engine's atoll reading it as 0: the longest idle sleep, microseconds.
-    zmq_idle_us: int = 1000  # ps-lite receive threads, every role; 0 = spin
-    loop_idle_us: int = 1000  # BytePS's core loops; 1 = the unpatched 1 us sleep
-    # BytePS-MXNet's socket directory; "" = a private temporary one (backends/byteps_ps.py)
-    socket_path: str = ""
+    # instead of the engine's atoll reading it as 0.
+    zmq_idle_us: int = setting(
+        "PS_ZMQ_IDLE_US", 1000, "an integer >= 0 (microseconds; 0 = spin)",
+        "read by the patched engine (patch 0011, docs/BYTEPS.md): the longest sleep of ps-lite's idle receive "
+        "threads, µs; 0 = spin. Checked here, passed to every cluster role",
+        check=lambda v: v >= 0)
+    loop_idle_us: int = setting(
+        "BYTEPS_LOOP_IDLE_US", 1000, "an integer >= 1 (microseconds; 1 = the unpatched loop)",
+        "read by the patched engine (patch 0011): the longest sleep of BytePS's idle core loops, µs; 1 = the "
+        "unpatched loop",
+        check=lambda v: v >= 1)
+    socket_path: str = setting(
+        "BYTEPS_SOCKET_PATH", "", "a directory path",
+        "BytePS's socket directory; unset: a private temporary one for BytePS-MXNet, removed at shutdown",
+        path=True)
 
     def __post_init__(self) -> None:
         """Each field in its range, else a one-line ConfigError naming its variable and what is valid."""
-        ok = {"scheduler": self.scheduler in SCHEDULERS, "prophet_mode": self.prophet_mode in PROPHET_MODES,
-              "partition": self.partition > 0, "credit": self.credit > 0,
-              "boundary_factor": self.boundary_factor > 1, "profile_iterations": self.profile_iterations >= 1,
-              "drift_tolerance": 0 < self.drift_tolerance < 10, "min_chunk_bytes": self.min_chunk_bytes >= 0,
-              "max_chunk_bytes": self.max_chunk_bytes >= 0, "atom_elements": self.atom_elements >= 0,
-              "link_monitor": self.link_monitor in LINK_MONITORS, "prophet_partition": self.prophet_partition >= -1,
-              "backend": self.backend in ("", *BACKENDS), "timeout": self.timeout > 0,
-              "zmq_idle_us": self.zmq_idle_us >= 0, "loop_idle_us": self.loop_idle_us >= 1}
-        for field, good in ok.items():
-            if not good:
-                name, valid = ENVIRONMENT[field]
-                what = {"scheduler": "is not a scheduler", "prophet_mode": "is not a mode"}.get(field, "is invalid")
-                raise ConfigError(f"{name}={getattr(self, field)!r} {what}; valid: {valid}")
+        for field, declaration in DECLARATIONS.items():
+            _check(declaration, getattr(self, field), declaration.variable)
 
     def replace(self, **changes) -> "Settings":
         return dataclasses.replace(self, **changes)
@@ -91,61 +187,113 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
                  overrides: Mapping[str, object] | None = None) -> "Settings":
-        """Each field from its variable in ``ENVIRONMENT`` (unset or empty: the default); a field named
-        in ``overrides`` (keyword arguments a user passed, e.g. to ``DistributedOptimizer``) takes that
-        value instead. An unknown name in ``overrides`` is a one-line ConfigError."""
-        unknown = sorted(set(overrides or ()) - {f.name for f in dataclasses.fields(cls)})
+        """Each field from its variable (unset or empty: the default); a field named in ``overrides``
+        (keyword arguments a user passed, e.g. to ``DistributedOptimizer``) takes that value instead.
+        An unknown name in ``overrides``, or an invalid value, is a one-line ConfigError naming the
+        keyword as written."""
+        overrides = dict(overrides or {})
+        unknown = sorted(set(overrides) - set(DECLARATIONS))
         if unknown:
-            raise ConfigError(f"{unknown[0]!r} is not a setting; valid: "
-                              f"{', '.join(f.name for f in dataclasses.fields(cls))}")
+            raise ConfigError(f"{unknown[0]!r} is not a setting; valid: {', '.join(DECLARATIONS)}")
+        for field, value in overrides.items():
+            _check(DECLARATIONS[field], value, field, kind=type(_DEFAULTS[field]))
         env = _renamed(os.environ if environ is None else environ)
         values = {}
         for field in dataclasses.fields(cls):
-            name, valid = ENVIRONMENT[field.name]
-            raw = env.get(name)
+            declaration = DECLARATIONS[field.name]
+            raw = env.get(declaration.variable)
             if raw is not None and raw.strip():
-                values[field.name] = raw.strip() if field.name in PATHS else \
-                    _convert(name, raw.strip(), type(field.default), valid)
-        if env.get("BYTESCHEDULER_PARTITION", "").strip():
-            values["prophet_partition"] = 0  # a partition set is Prophet's partition too (docs/PYTORCH.md)
-        values.update(overrides or {})
+                values[field.name] = raw.strip() if declaration.path else \
+                    _convert(declaration.variable, raw.strip(), type(field.default), declaration.valid)
+        values.update(overrides)
         return cls(**values)
 
 
-# Every field's variable, and what is valid (the README's settings table lists each, tests/test_settings.py).
-ENVIRONMENT = {
-    "scheduler": ("BYTEPS_SCHEDULER", ", ".join(SCHEDULERS)),
-    "partition": ("BYTESCHEDULER_PARTITION", "a positive integer (elements)"),
-    "credit": ("BYTESCHEDULER_CREDIT", "a positive integer (elements)"),
-    "credit_tuning": ("BYTESCHEDULER_CREDIT_TUNING", "0, 1"),
-    "prophet_mode": ("PROPHET_MODE", ", ".join(PROPHET_MODES)),
-    "boundary_factor": ("PROPHET_BOUNDARY_FACTOR", "a number > 1"),
-    "profile_iterations": ("PROPHET_PROFILE_ITERATIONS", "an integer >= 1"),
-    "drift_tolerance": ("PROPHET_DRIFT_TOLERANCE", "a number in (0, 10)"),
-    "min_chunk_bytes": ("PROPHET_MIN_CHUNK_BYTES", "an integer >= 0"),
-    "max_chunk_bytes": ("PROPHET_MAX_CHUNK_BYTES", "an integer >= 0"),
-    "atom_elements": ("BYTEPS_PROPHET_ATOM_ELEMENTS", "an integer >= 0 (elements; 0 = the engine's default)"),
-    "link_monitor": ("BYTEPS_PROPHET_LINK", ", ".join(LINK_MONITORS)),
-    "prophet_partition": ("BYTEPS_PROPHET_PARTITION", "an integer >= 0 (elements; 0 = BYTESCHEDULER_PARTITION)"),
-    "backend": ("BYTEPS_PROPHET_BACKEND", ", ".join(BACKENDS)),
-    "overlap": ("BYTEPS_PROPHET_OVERLAP", "0, 1"),
-    "layerwise": ("BYTEPS_PROPHET_LAYERWISE", "0, 1"),
-    "fuse": ("BYTEPS_PROPHET_FUSE", "0, 1"),
-    "trace": ("BYTEPS_PROPHET_TRACE", "a file path ({rank} is replaced by the rank)"),
-    "profile": ("BYTEPS_PROPHET_PROFILE", "a file path ({rank} is replaced by the rank)"),
-    "timeout": ("BYTEPS_PROPHET_TIMEOUT", "a positive number of seconds"),
-    "zmq_idle_us": ("PS_ZMQ_IDLE_US", "an integer >= 0 (microseconds; 0 = spin)"),
-    "loop_idle_us": ("BYTEPS_LOOP_IDLE_US", "an integer >= 1 (microseconds; 1 = the unpatched loop)"),
-    "socket_path": ("BYTEPS_SOCKET_PATH", "a directory path"),
-}
+# Derived from the declarations: each field's, its (variable, valid) pair, the old names and the paths.
+DECLARATIONS: dict[str, Declaration] = {f.name: f.metadata["setting"] for f in dataclasses.fields(Settings)}
+ENVIRONMENT = {field: (d.variable, d.valid) for field, d in DECLARATIONS.items()}
+RENAMED = {d.old_name: d.variable for d in DECLARATIONS.values() if d.old_name}  # old -> new
+PATHS = tuple(field for field, d in DECLARATIONS.items() if d.path)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
+
+
+def _check(declaration: Declaration, value, name: str, kind: type | None = None) -> None:
+    """A one-line ConfigError naming ``name`` (the variable, or the keyword as written) unless valid
+    (and, with ``kind``, of that type)."""
+    try:
+        good = (kind is None or _of_type(value, kind)) and declaration.check(value)
+    except TypeError:
+        good = False
+    if not good:
+        raise ConfigError(f"{name}={value!r} {declaration.complaint}; valid: {declaration.valid}")
+
+
+def _of_type(value, kind: type) -> bool:
+    """Whether a keyword's value has its field's type (an int will do for a float; a bool is no number)."""
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def default_text(field: str) -> str:
+    """A field's default as the settings table shows it."""
+    declaration, default = DECLARATIONS[field], _DEFAULTS[field]
+    if declaration.default_text:
+        return declaration.default_text
+    if isinstance(default, bool):
+        return str(int(default))
+    if isinstance(default, str):
+        return f"`{default}`" if default else "unset"
+    return str(default)
+
+
+def _meaning(declaration: Declaration) -> str:
+    if not declaration.old_name:
+        return declaration.meaning
+    return f"{declaration.meaning}; the old name `{declaration.old_name}` still works, with a warning"
+
+
+def markdown_table() -> str:
+    """The README's settings table: one row per setting, in declaration order."""
+    rows = ["| variable | default | valid | meaning |", "|---|---|---|---|"]
+    for field, d in DECLARATIONS.items():
+        rows.append(f"| `{d.variable}` | {default_text(field)} | {d.valid} | {_meaning(d)} |")
+    return "\n".join(rows) + "\n"
+
+
+def readme_region() -> str:
+    """What stands between the README's settings-table markers."""
+    return (f"{README_START}\n{markdown_table()}\n"
+            "`BYTESCHEDULER_PARTITION` is ByteScheduler's partition only; Prophet's queued pieces are "
+            "`BYTEPS_PROPHET_PARTITION`'s (0 there uses `BYTESCHEDULER_PARTITION`). No setting changes another.\n"
+            f"{README_END}")
+
+
+def with_settings_table(readme: str) -> str:
+    """``readme`` with the region between its settings-table markers regenerated."""
+    start, end = readme.find(README_START), readme.find(README_END)
+    if start < 0 or end < start:
+        raise ConfigError(f"the README has no {README_START} ... {README_END} region; valid: both markers, "
+                          "start before end")
+    return readme[:start] + readme_region() + readme[end + len(README_END):]
+
+
+def settings_help(fields: Iterable[str]) -> str:
+    """One sentence for a command's ``--help``: the variables of ``fields`` with their defaults."""
+    named = ", ".join(f"{DECLARATIONS[f].variable}={default_text(f).strip('`')}" for f in fields)
+    return (f"Scheduler settings come from the environment (defaults: {named}); "
+            "`byteps-prophet settings` lists what each means.")
 
 
 def _convert(name: str, raw: str, kind: type, valid: str):
     if kind is bool:
-        return _parse_bool({name: raw}, name, False)
+        return _parse_bool(name, raw)
     if kind is str:
         return raw.lower()
-    return _parse({name: raw}, name, kind, None, valid)
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number; valid: {valid}") from None
 
 
 def _renamed(env: Mapping[str, str]) -> Mapping[str, str]:
@@ -162,21 +310,8 @@ def _renamed(env: Mapping[str, str]) -> Mapping[str, str]:
     return merged
 
 
-def _parse(env: Mapping[str, str], name: str, kind, default, valid: str):
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return kind(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number; valid: {valid}") from None
-
-
-def _parse_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.lower()
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):

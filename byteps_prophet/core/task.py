@@ -163,6 +163,26 @@ class Task:
             start += length
         return pieces
 
+    def atom_runs(self, max_numel: int, atom_elements: int) -> list["Task"]:
+        """``partition`` for an engine with fixed atoms: runs of whole atoms of about ``max_numel``
+        elements, so that a piece never ends inside an atom (the engine would send the whole atom with
+        the first piece)."""
+        quantum = atom_rows(self.row_numel, atom_elements)
+        run = quantum * max(1, round(max_numel / (quantum * self.row_numel)))
+        return [self.slice(self.row_start + a, self.row_start + b, part=part)
+                for part, (a, b) in enumerate(atom_grid(self.rows, self.row_numel, run * self.row_numel))]
+
+    def rows_for(self, nbytes: float, atom_elements: int = 0) -> int:
+        """Rows to cut from the start of this slice for about ``nbytes``: at least one; with
+        ``atom_elements`` the cut ends on the next atom boundary (counted from row 0 of the gradient),
+        so every slice is a run of the same fixed atoms whatever the cut."""
+        rows = max(1, int(nbytes // (self.row_numel * self.itemsize)))
+        if atom_elements:
+            quantum = atom_rows(self.row_numel, atom_elements)
+            end = -(-(self.row_start + rows) // quantum) * quantum
+            rows = end - self.row_start
+        return rows
+
     def __repr__(self) -> str:
         return f"Task({self.key}, it={self.iteration}, prio={self.priority}, {self.nbytes}B, {self.state.value})"
 

@@ -134,7 +134,7 @@ class EngineTraits:
             raise ConfigError(f"{where}: {err}") from None
 
 
-# The engines as measured before calibration existed (docs/DESIGN.md); `calibrate` replaces them.
+# Built-in engine descriptions (docs/ENGINE.md); `byteps-prophet calibrate` measures a real engine's.
 PRESETS: dict[str, EngineTraits] = {
     "ideal": EngineTraits(),
     "ideal-ps": EngineTraits(name="ideal-ps", stages=2),

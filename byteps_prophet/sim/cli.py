@@ -6,16 +6,21 @@ import json
 import sys
 
 from byteps_prophet.core import Settings
+from byteps_prophet.core.settings import settings_help
 from byteps_prophet.errors import UserError
 from byteps_prophet.units import parse_bandwidth, parse_latency
+
+# The settings the simulated schedulers read (the scheduler itself is --scheduler).
+SIMULATED_SETTINGS = ("partition", "credit", "credit_tuning", "prophet_mode", "boundary_factor",
+                      "profile_iterations", "drift_tolerance", "min_chunk_bytes", "max_chunk_bytes", "fuse")
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate", help="simulate FIFO, ByteScheduler and Prophet on a model and cluster",
         description="Run the real scheduler classes in a discrete-event simulation of data-parallel "
-                    "training and compare their iteration times with the lower bound. Scheduler knobs "
-                    "come from the environment (BYTESCHEDULER_PARTITION, BYTESCHEDULER_CREDIT, PROPHET_*).")
+                    "training and compare their iteration times with the lower bound. "
+                    + settings_help(SIMULATED_SETTINGS))
     p.add_argument("--model", help="resnet50, vgg16, alexnet, inception_v3 or bert_base (or use --profile)")
     p.add_argument("--profile", metavar="FILE", help="replay a recorded profile (docs/PROFILE.md) instead of the zoo")
     p.add_argument("--compute", choices=("recorded", "median"),

@@ -1,7 +1,7 @@
 """Prophet's paper rule (docs/ALGORITHMS.md section 3), driven by hand with a fake clock."""
 import pytest
 
-from byteps_prophet.core.profiler import ReadyProfiler, find_blocks
+from byteps_prophet.core.ready_pattern import ReadyProfiler, find_blocks
 
 BANDWIDTH = 1e6  # bytes/s
 # (index, elements, ready offset s): three steps separated by 10 ms gaps; block C holds gradient 0.
