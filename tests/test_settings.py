@@ -15,10 +15,10 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _readme_table(heading: str) -> set[str]:
-    """The variables in the first column of the table under ``heading``."""
+    """The variables each item of the list under ``heading`` names before its first colon."""
     text = README.read_text().split(f"\n{heading}\n", 1)[1]
-    rows = [line for line in text.split("\n#", 1)[0].splitlines() if line.startswith("| `")]
-    return {name for line in rows for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1])}
+    items = [line for line in text.split("\n#", 1)[0].splitlines() if line.startswith("- `")]
+    return {name for line in items for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("(default")[0])}
 
 
 def test_every_field_has_one_variable_listed_in_the_readme_table():
@@ -93,10 +93,12 @@ def test_the_readme_table_is_the_generated_one():
     assert with_settings_table(text) == text
 
 
-def test_the_table_is_one_table_with_one_row_per_setting():
-    table = readme_region().split("\n")[1:-1]
-    rows = table[:table.index("")]
-    assert len(rows) == 2 + len(DECLARATIONS) and all(row.startswith("|") for row in rows)
+def test_the_list_has_one_item_per_setting_and_no_line_over_120_characters():
+    lines = readme_region().split("\n")[1:-1]
+    listed = lines[:lines.index("")]
+    items = [line for line in listed if line.startswith("- `")]
+    assert len(items) == len(DECLARATIONS) and all(line.startswith(("- `", "  ")) for line in listed)
+    assert max(len(line) for line in lines) <= 120
 
 
 def test_regenerating_replaces_only_the_region():

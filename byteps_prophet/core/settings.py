@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import textwrap
 import warnings
 from typing import Callable, Iterable, Mapping
 
@@ -27,6 +28,7 @@ BACKENDS = ("gloo", "nccl", "byteps", "local")  # the torch plugin's (backends.m
 DEFAULT_PARTITION = 1_000_000  # elements, as in ByteScheduler
 DEFAULT_CREDIT = 4_000_000  # elements, as in ByteScheduler
 
+MARKDOWN_WIDTH = 116  # docs keep lines under 120 characters (tests/test_docs.py)
 README_START = "<!-- settings-table:start -->"
 README_END = "<!-- settings-table:end -->"
 
@@ -254,19 +256,22 @@ def _meaning(declaration: Declaration) -> str:
 
 
 def markdown_table() -> str:
-    """The README's settings table: one row per setting, in declaration order."""
-    rows = ["| variable | default | valid | meaning |", "|---|---|---|---|"]
-    for field, d in DECLARATIONS.items():
-        rows.append(f"| `{d.variable}` | {default_text(field)} | {d.valid} | {_meaning(d)} |")
-    return "\n".join(rows) + "\n"
+    """The README's settings list: one item per setting, in declaration order, wrapped for reading."""
+    items = [f"- `{d.variable}` (default {default_text(field)}; valid: {d.valid}): {_meaning(d)}"
+             for field, d in DECLARATIONS.items()]
+    return "\n".join(_wrap(item, "  ") for item in items) + "\n"
 
 
 def readme_region() -> str:
     """What stands between the README's settings-table markers."""
-    return (f"{README_START}\n{markdown_table()}\n"
-            "`BYTESCHEDULER_PARTITION` is ByteScheduler's partition only; Prophet's queued pieces are "
-            "`BYTEPS_PROPHET_PARTITION`'s (0 there uses `BYTESCHEDULER_PARTITION`). No setting changes another.\n"
-            f"{README_END}")
+    note = ("`BYTESCHEDULER_PARTITION` is ByteScheduler's partition only; Prophet's queued pieces are "
+            "`BYTEPS_PROPHET_PARTITION`'s (0 there uses `BYTESCHEDULER_PARTITION`). No setting changes another.")
+    return f"{README_START}\n{markdown_table()}\n{_wrap(note, '')}\n{README_END}"
+
+
+def _wrap(text: str, indent: str) -> str:
+    return textwrap.fill(text, width=MARKDOWN_WIDTH, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False)
 
 
 def with_settings_table(readme: str) -> str:
