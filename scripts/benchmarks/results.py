@@ -16,8 +16,8 @@ import json
 import statistics
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -31,8 +31,7 @@ LEVEL_BAND = 0.05  # a 95% interval within 1 +- this is "level"; a wider one tha
 PREDICTION_TARGET = 0.10
 
 
-@dataclass(frozen=True)
-class ABFile:
+class ABFile(NamedTuple):
     """One A/B measurement: ``byteps-prophet ab --json`` under key "ab" with "commit" and "command" beside
     it (or a replay recording's measured.json, which holds the same runs), and the pairs quoted from it:
     (variant, against, headline) where headline puts the pair in the opening table; ``note`` is added to
@@ -287,7 +286,8 @@ def order_agreement(p: dict) -> str:
     pairs = len(names) * (len(names) - 1) // 2
     if not separated:
         return f"the measurement separates none of the {pairs} pairs"
-    return f"ordered as measured in {agree} of the {separated} pairs the measurement separates (of {pairs})"
+    rest = f" ({pairs - separated} of {pairs} not separated)" if separated < pairs else ""
+    return f"ordered as measured in {agree} of the {separated} pairs the measurement separates{rest}"
 
 
 def prediction_table(path: str) -> str:
@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--write", action="store_true", help="rewrite every generated table in the documents")
     mode.add_argument("--check", action="store_true", help="exit 1 naming each table that differs")
     args = ap.parse_args(argv)
-    missing = [f"{path.relative_to(REPO)} is missing (declared in results.py)"
+    missing = [f"scripts/benchmarks/data/{path.relative_to(DATA)} is missing (declared in results.py)"
                for path in declared_files() if not path.is_file()]
     problems = missing or (write() if args.write else differences())
     for line in problems:
