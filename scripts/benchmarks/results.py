@@ -23,11 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from byteps_prophet.ab.stats import LEVEL, median_interval, paired_ratios  # noqa: E402
+from byteps_prophet.ab.stats import verdict as stats_verdict  # noqa: E402
 
 DATA = REPO / "scripts" / "benchmarks" / "data"
 README = REPO / "README.md"
 RESULTS = REPO / "docs" / "RESULTS.md"
-LEVEL_BAND = 0.05  # a 95% interval within 1 +- this is "level"; a wider one that holds 1 is "not settled"
 PREDICTION_TARGET = 0.10
 
 
@@ -120,17 +120,10 @@ def pair_summary(runs: list[dict], a: str, b: str) -> dict:
 
 
 def word(s: dict) -> str:
-    """win / loss only where the 95% interval lies above / below 1; level where it lies within
-    1 +- LEVEL_BAND; otherwise not settled (with fewer than 6 rounds, which cannot reach 95%, always)."""
-    if s["confidence"] < LEVEL:
-        return "not settled"
-    if s["low"] > 1:
-        return "win"
-    if s["high"] < 1:
-        return "loss"
-    if s["low"] >= 1 - LEVEL_BAND and s["high"] <= 1 + LEVEL_BAND:
-        return "level"
-    return "not settled"
+    """What the pair may be called, by ab/stats.py's rule: win / loss only where its 95% interval lies
+    above / below 1, level within 1 +- LEVEL_BAND, otherwise (and always with fewer than 6 rounds) not
+    settled."""
+    return stats_verdict(s["low"], s["high"], s["confidence"])
 
 
 def verdict(s: dict) -> str:
