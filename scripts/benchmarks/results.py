@@ -69,24 +69,34 @@ AB_FILES = (
 # until measured: the table then says "awaiting measurement").
 PREDICTIONS = ("predictions/torch-byteps-vgg-500mbit.json",)
 
-# The other files, with the commit and command that produced them where the file does not hold them.
+class Recorded(NamedTuple):
+    """A data file other than an A/B's, with the commit and command that produced it where the file
+    does not hold them itself (None: it does)."""
+    path: str
+    commit: str | None
+    command: str | None
+
+
 OTHER_FILES = {
-    "replay": ("replay/results.json", None, "scripts/benchmarks/bench_replay.py --replay-only"),
-    "sim": ("bench_sim_results.json", "grid and changing conditions at cfff8f3, decision cost and speed at "
-            "0aff976, scale at 36cd0d7",
-            "scripts/benchmarks/bench_sim.py --parts grid,changing,decision,speed,scale --compact FILE"),
-    "baselines": ("bench_baselines_results.json", "be8dadb",
-                  "scripts/benchmarks/bench_baselines.py --compact FILE"),
-    "gloo_2w": ("fusion/engine_gloo_2w.json", "70986f1",
-                "byteps-prophet calibrate --backend gloo --workers 2 --bandwidth 1gbit"),
-    "gloo_4w": ("fusion/engine_gloo_4w.json", "70986f1",
-                "byteps-prophet calibrate --backend gloo --workers 4 --bandwidth 1gbit"),
-    "stress": ("stress-torch-200.json", None, None),
+    "replay": Recorded("replay/results.json", None, "scripts/benchmarks/bench_replay.py --replay-only"),
+    "sim": Recorded("bench_sim_results.json",
+                    "grid and changing conditions (--parts grid,changing) at cfff8f3, decision cost and speed "
+                    "(--parts decision,speed) at 0aff976, scale (--parts scale) at 36cd0d7",
+                    "scripts/benchmarks/bench_sim.py --parts PARTS --out OUT; scripts/benchmarks/bench_sim.py "
+                    "--parts none --out OUT --compact scripts/benchmarks/data/bench_sim_results.json"),
+    "baselines": Recorded("bench_baselines_results.json", "be8dadb",
+                          "scripts/benchmarks/bench_baselines.py --out out/bench_baselines.json "
+                          "--compact scripts/benchmarks/data/bench_baselines_results.json"),
+    "gloo_2w": Recorded("fusion/engine_gloo_2w.json", "70986f1",
+                        "byteps-prophet calibrate --backend gloo --workers 2 --bandwidth 1gbit"),
+    "gloo_4w": Recorded("fusion/engine_gloo_4w.json", "70986f1",
+                        "byteps-prophet calibrate --backend gloo --workers 4 --bandwidth 1gbit"),
+    "stress": Recorded("stress-torch-200.json", None, None),
 }
 
-NAMES = {"fifo": "FIFO", "prophet_paper": "Prophet, paper rule", "bytescheduler": "ByteScheduler", "bytescheduler_tuned": "ByteScheduler (tuned credit)",
-         "prophet": "Prophet", "prophet_overlap": "Prophet with overlap",
-         "bytescheduler_overlap": "ByteScheduler with overlap"}
+NAMES = {"fifo": "FIFO", "bytescheduler": "ByteScheduler", "bytescheduler_tuned": "ByteScheduler (tuned credit)",
+         "bytescheduler_overlap": "ByteScheduler with overlap", "prophet": "Prophet",
+         "prophet_overlap": "Prophet with overlap", "prophet_paper": "Prophet (paper rule)"}
 STACKS = {("torch", "byteps"): "torch/BytePS", ("torch", "gloo"): "torch/gloo",
           ("mxnet", "byteps"): "BytePS-MXNet", ("mxnet", "kvstore"): "MXNet KVStore"}
 
@@ -94,7 +104,7 @@ STACKS = {("torch", "byteps"): "torch/BytePS", ("torch", "gloo"): "torch/gloo",
 # -- reading ------------------------------------------------------------------------------------------
 def declared_files() -> list[Path]:
     """Every data file this script reads (the test deletes none and checks each exists)."""
-    paths = [f.path for f in AB_FILES] + list(PREDICTIONS) + [spec[0] for spec in OTHER_FILES.values()]
+    paths = [f.path for f in AB_FILES] + list(PREDICTIONS) + [f.path for f in OTHER_FILES.values()]
     return [DATA / p for p in dict.fromkeys(paths)]
 
 
@@ -348,7 +358,7 @@ def sim_grid_table() -> str:
 
 def sim_headline() -> str:
     """One sentence on the simulator's grid, for README and RESULTS.md."""
-    d = load(OTHER_FILES["sim"][0])
+    d = load(OTHER_FILES["sim"].path)
     col = {n: i for i, n in enumerate(d["grid_columns"])}
     grid = d["grid"]
     best = [r[col["prophet_ms"]] / r[col["bytescheduler_best_ms"]] for r in grid]
@@ -363,7 +373,7 @@ def sim_headline() -> str:
 
 
 def sim_scale_table() -> str:
-    path, commit, command = OTHER_FILES["sim"]
+    path = OTHER_FILES["sim"].path
     scale = load(path)["scale"]
     col = {n: i for i, n in enumerate(scale["columns"])}
     rows = []
@@ -384,7 +394,8 @@ def baselines_table() -> str:
     vs = [r[col["prophet_vs_best_baseline"]] for r in d["grid"]]
     ddp = sum(r[col["prophet_ms"]] <= r[col["ddp_ms"]] for r in d["grid"])
     faster = sum(x < 0.999 for x in vs)
-    rows = [["Prophet within 1% of the better of DDP (best bucket) and Horovod", f"{sum(x <= 1.01 for x in vs)} of {len(vs)}"],
+    rows = [["Prophet within 1% of the better of DDP (best bucket) and Horovod",
+             f"{sum(x <= 1.01 for x in vs)} of {len(vs)}"],
             ["Prophet / that baseline", f"worst {max(vs):.3f}, best {min(vs):.3f}"],
             ["Prophet more than 0.1% faster than that baseline", f"{faster} of {len(vs)}"],
             ["Prophet at least as fast as DDP's default bucket", f"{ddp} of {len(vs)}"]]
@@ -406,7 +417,7 @@ def engines_table() -> str:
 
 
 def stress_table() -> str:
-    path = OTHER_FILES["stress"][0]
+    path = OTHER_FILES["stress"].path
     d = load(path)
     rows = []
     for s in dict.fromkeys(r["scheduler"] for r in d["runs"]):
