@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import textwrap
@@ -41,7 +42,8 @@ class ABFile(NamedTuple):
     note: str = ""
 
 
-# One line a measurement. A file the coordinator commits later is one more line here.
+# One line a measurement; its table goes between <!-- results:ab-NAME:start --> and <!-- results:ab-NAME:end -->
+# in docs/RESULTS.md (NAME: table_name(path); --check names a missing pair), then --write fills it.
 AB_FILES = (
     ABFile("ab/overlap-torch-byteps-vgg-200mbit.json",
            (("prophet", "bytescheduler", True), ("prophet_overlap", "prophet", False),
@@ -446,7 +448,7 @@ def table_name(path: str) -> str:
     """A data file's table name: its path under data/ without the extension (and without ab/,
     predictions/, /measured), "/" and "_" as "-"."""
     stem = path.rsplit(".", 1)[0].removeprefix("ab/").removeprefix("predictions/").removesuffix("/measured")
-    return stem.replace("/", "-").replace("_", "-")
+    return stem.removeprefix("ab-").replace("/", "-").replace("_", "-")
 
 
 # -- the documents --------------------------------------------------------------------------------------
@@ -463,6 +465,11 @@ def replaced(text: str, name: str, body: str) -> str | None:
     return text[: i + len(start)] + "\n" + body + "\n" + text[j:]
 
 
+def shown(doc: Path) -> str:
+    """A document's path as the messages name it: from the repository's root."""
+    return os.path.relpath(doc, REPO)
+
+
 def differences() -> list[str]:
     """The tables whose region in their document differs from what the data gives (or is missing)."""
     out = []
@@ -471,9 +478,9 @@ def differences() -> list[str]:
             text = doc.read_text()
             new = replaced(text, name, body)
             if new is None:
-                out.append(f"{name}: no {markers(name)[0]} ... {markers(name)[1]} in {doc.relative_to(REPO)}")
+                out.append(f"{name}: no {markers(name)[0]} ... {markers(name)[1]} in {shown(doc)}")
             elif new != text:
-                out.append(f"{name}: {doc.relative_to(REPO)} differs from what the data gives")
+                out.append(f"{name}: {shown(doc)} differs from what the data gives")
     return out
 
 
@@ -484,7 +491,7 @@ def write() -> list[str]:
             text = doc.read_text()
             new = replaced(text, name, body)
             if new is None:
-                missing.append(f"{name}: no {markers(name)[0]} ... {markers(name)[1]} in {doc.relative_to(REPO)}")
+                missing.append(f"{name}: no {markers(name)[0]} ... {markers(name)[1]} in {shown(doc)}")
             elif new != text:
                 doc.write_text(new)
     return missing

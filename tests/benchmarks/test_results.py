@@ -109,3 +109,21 @@ def test_generated_lines_fit_the_documents_limit():
 
 def test_benchmarks_folder_is_where_the_script_looks():
     assert results.DATA == BENCHMARKS / "data"
+
+
+def test_a_new_measurement_is_one_line_and_its_marker_pair(tmp_path, monkeypatch):
+    data = copied_data(tmp_path / "data", monkeypatch)
+    shutil.copy(data / "ab" / "overlap-torch-byteps-vgg-200mbit.json", data / "ab" / "ab-new.json")
+    line = results.ABFile("ab/ab-new.json", (("prophet", "bytescheduler", True),), "after a change")
+    monkeypatch.setattr(results, "AB_FILES", results.AB_FILES + (line,))
+    docs = {name: tmp_path / name for name in ("README.md", "RESULTS.md")}
+    for name, doc in docs.items():
+        shutil.copy(getattr(results, name.removesuffix(".md")), doc)
+    monkeypatch.setattr(results, "README", docs["README.md"])
+    monkeypatch.setattr(results, "RESULTS", docs["RESULTS.md"])
+    assert any(p.startswith("ab-new: no <!-- results:ab-new:start -->") for p in results.differences())
+    docs["RESULTS.md"].write_text(docs["RESULTS.md"].read_text()
+                                  + "\n<!-- results:ab-new:start -->\n<!-- results:ab-new:end -->\n")
+    assert results.main(["--write"]) == 0 and results.differences() == []
+    row = "| torch/BytePS vgg b16 200 Mbit/s, BBR, after a change | ByteScheduler | 1.124x |"
+    assert row in docs["README.md"].read_text()
