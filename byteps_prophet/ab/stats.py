@@ -5,7 +5,7 @@ median of those ratios is the A/B's speedup. Its interval comes from the sign te
 and k-th largest of n ratios enclose the true median with probability 1 - 2 P(Binomial(n, 1/2) < k),
 whatever the ratios' distribution (no normality, no resampling: the same rounds give the same interval).
 Five rounds or fewer cannot reach 95%; the interval is then their whole range, with the probability it
-does have.
+does have. What a speedup may be called follows from its interval by one rule (``verdict``).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import math
 import statistics
 
 LEVEL = 0.95
+LEVEL_BAND = 0.05  # an interval within 1 +- this, at LEVEL, says "level"
 
 
 def paired_ratios(runs: list[dict], a: str, b: str) -> list[float]:
@@ -50,3 +51,18 @@ def speedup(ratios: list[float], of_medians: float) -> dict:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
             "of_medians": of_medians, "rounds": len(ratios),
             "interval": {"low": low, "high": high, "confidence": confidence}}
+
+
+def verdict(low: float, high: float, confidence: float) -> str:
+    """What a speedup's interval lets one call it: "win" only where the interval, at ``LEVEL`` or more,
+    lies above 1, "loss" where it lies below 1, "level" where it lies within 1 +- ``LEVEL_BAND``, and
+    "not settled" otherwise (always below ``LEVEL``: too few rounds)."""
+    if confidence < LEVEL:
+        return "not settled"
+    if low > 1:
+        return "win"
+    if high < 1:
+        return "loss"
+    if low >= 1 - LEVEL_BAND and high <= 1 + LEVEL_BAND:
+        return "level"
+    return "not settled"

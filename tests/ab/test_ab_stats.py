@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from byteps_prophet.ab.runner import ABConfig, format_table, pool, summarize
-from byteps_prophet.ab.stats import median_interval, paired_ratios
+from byteps_prophet.ab.stats import median_interval, paired_ratios, verdict
 from byteps_prophet.errors import UserError
 
 
@@ -35,6 +35,15 @@ def test_the_interval_is_the_sign_tests(n, k):
 def test_too_few_rounds_give_their_range_and_say_how_sure(n, confidence):
     values = [1.0 + i / 10 for i in range(n)]
     assert median_interval(values) == (values[0], values[-1], pytest.approx(confidence))
+
+
+@pytest.mark.parametrize("low, high, confidence, word", [
+    (1.01, 1.30, 0.9375, "not settled"),  # every round faster, but 5 rounds cannot reach 95%
+    (1.01, 1.08, 0.96, "win"), (0.90, 0.99, 0.96, "loss"),
+    (0.96, 1.04, 0.96, "level"), (0.94, 1.04, 0.96, "not settled"),  # holds 1, but reaches past +-5%
+])
+def test_a_speedup_is_called_what_its_interval_allows(low, high, confidence, word):
+    assert verdict(low, high, confidence) == word
 
 
 @settings(max_examples=30, deadline=None)
