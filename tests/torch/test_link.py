@@ -9,7 +9,7 @@ from byteps_prophet.core import Settings, Task
 from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.errors import ConfigError
 from byteps_prophet.torch import DistributedOptimizer
-from byteps_prophet.torch.optimizer import PROPHET_PARTITION, _prophet_settings
+from byteps_prophet.torch.prophet_pieces import PROPHET_PARTITION, prophet_settings
 
 BW = 25e6  # bytes/s
 COST = 0.002  # what the link really serialises per message
@@ -135,18 +135,18 @@ def test_link_monitor_falls_back_to_delivery_rate():
 
 def test_prophet_partition_default_and_overrides():
     prophet = Settings(scheduler="prophet")
-    assert _prophet_settings(prophet).partition == PROPHET_PARTITION
-    assert _prophet_settings(prophet, pulls_follow_pushes=True).partition == Settings().partition
-    assert _prophet_settings(Settings(scheduler="bytescheduler")).partition == Settings().partition
-    assert _prophet_settings(Settings(scheduler="prophet", partition=64)).partition == 64
+    assert prophet_settings(prophet).partition == PROPHET_PARTITION
+    assert prophet_settings(prophet, pulls_follow_pushes=True).partition == Settings().partition
+    assert prophet_settings(Settings(scheduler="bytescheduler")).partition == Settings().partition
+    assert prophet_settings(Settings(scheduler="prophet", partition=64)).partition == 64
     env = {"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_PARTITION": "0"}
-    assert _prophet_settings(Settings.from_env(env)).partition == Settings().partition
+    assert prophet_settings(Settings.from_env(env)).partition == Settings().partition
     env["BYTEPS_PROPHET_PARTITION"] = "123"
-    assert _prophet_settings(Settings.from_env(env)).partition == 123
-    assert _prophet_settings(Settings.from_env(env), pulls_follow_pushes=True).partition == 123
+    assert prophet_settings(Settings.from_env(env)).partition == 123
+    assert prophet_settings(Settings.from_env(env), pulls_follow_pushes=True).partition == 123
     # a partition set is Prophet's too, even the default value (set, so meant)
     for partition in ("500", str(Settings().partition)):
-        assert _prophet_settings(Settings.from_env(dict(env, BYTESCHEDULER_PARTITION=partition))).partition == \
+        assert prophet_settings(Settings.from_env(dict(env, BYTESCHEDULER_PARTITION=partition))).partition == \
             int(partition)
     with pytest.raises(ConfigError, match="BYTEPS_PROPHET_PARTITION"):
         Settings.from_env(dict(env, BYTEPS_PROPHET_PARTITION="x"))

@@ -153,7 +153,7 @@ def run(args) -> int:
         opt = _Plain(bps.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters()))
     else:
         opt = DistributedOptimizer(make(model.parameters()), model.named_parameters(), settings=settings,
-                                   backend=backend, profile_path=args.profile, model_name=args.model,
+                                   backend=backend, profile=args.profile, model_name=args.model,
                                    batch_size=args.batch)
 
     def one_step():
