@@ -9,15 +9,14 @@ PROPHET_PARTITION = 4_000_000  # elements: Prophet's pieces in the queue on all-
 
 
 def prophet_settings(settings: Settings, pulls_follow_pushes: bool = False) -> Settings:
-    """``settings`` with the partition Prophet queues. Prophet cuts pieces to its predictions itself,
-    and ByteScheduler's 1 M-element partition only adds messages, each paying a start-up latency. So,
-    unless a partition is set (``BYTESCHEDULER_PARTITION``, which makes ``Settings.prophet_partition``
-    0, or a non-default ``Settings.partition``), Prophet queues pieces of ``Settings.prophet_partition``
-    elements (``BYTEPS_PROPHET_PARTITION``; 0 keeps the ByteScheduler partition). Unset (-1), it is
-    derived from the engine: 4 M elements on all-reduce; 0 where pulls follow pushes (BytePS), since
-    every chunk there is at most 2 MiB anyway and a step the link keeps up with goes under
-    ByteScheduler's credit, where 4 M pieces would keep one piece in flight."""
-    if settings.scheduler != "prophet" or settings.partition != DEFAULT_PARTITION:
+    """``settings`` with the partition Prophet queues: ``Settings.prophet_partition`` elements
+    (``BYTEPS_PROPHET_PARTITION``; 0 keeps ByteScheduler's partition, ``Settings.partition``). Prophet
+    cuts pieces to its predictions itself, and ByteScheduler's 1 M-element partition only adds
+    messages, each paying a start-up latency. Unset (-1), it is derived from the engine alone: 4 M
+    elements on all-reduce; 0 where pulls follow pushes (BytePS), since every chunk there is at most
+    2 MiB anyway and a step the link keeps up with goes under ByteScheduler's credit, where 4 M pieces
+    would keep one piece in flight. A partition set for ByteScheduler does not change it."""
+    if settings.scheduler != "prophet":
         return settings
     value = settings.prophet_partition
     if value < 0:  # unset: derived from the engine

@@ -138,13 +138,18 @@ def test_prophet_partition_default_and_overrides():
     assert prophet_settings(prophet).partition == PROPHET_PARTITION
     assert prophet_settings(prophet, pulls_follow_pushes=True).partition == Settings().partition
     assert prophet_settings(Settings(scheduler="bytescheduler")).partition == Settings().partition
-    assert prophet_settings(Settings(scheduler="prophet", partition=64)).partition == 64
+    # a partition set for ByteScheduler is Prophet's only where BYTEPS_PROPHET_PARTITION says so (0)
+    assert prophet_settings(Settings(scheduler="prophet", partition=64)).partition == PROPHET_PARTITION
+    assert prophet_settings(Settings(scheduler="prophet", partition=64, prophet_partition=0)).partition == 64
+    assert prophet_settings(Settings(scheduler="prophet", partition=64, prophet_partition=0),
+                            pulls_follow_pushes=True).partition == 64
+    assert prophet_settings(Settings(scheduler="prophet", partition=64, prophet_partition=123)).partition == 123
     env = {"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_PARTITION": "0"}
     assert prophet_settings(Settings.from_env(env)).partition == Settings().partition
     env["BYTEPS_PROPHET_PARTITION"] = "123"
     assert prophet_settings(Settings.from_env(env)).partition == 123
     assert prophet_settings(Settings.from_env(env), pulls_follow_pushes=True).partition == 123
-    # a partition set is Prophet's too, even the default value (set, so meant)
+    env["BYTEPS_PROPHET_PARTITION"] = "0"
     for partition in ("500", str(Settings().partition)):
         assert prophet_settings(Settings.from_env(dict(env, BYTESCHEDULER_PARTITION=partition))).partition == \
             int(partition)

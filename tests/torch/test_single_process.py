@@ -17,8 +17,9 @@ OPTIMIZERS = {
     "adam": lambda p: torch.optim.Adam(p, lr=0.01),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
 }
-# Small partitions so ByteScheduler and Prophet really cut gradients into slices.
-SLICING = dict(partition=64, max_chunk_bytes=256)
+# Small partitions so ByteScheduler and Prophet really cut gradients into slices (Prophet queues
+# ByteScheduler's partition: prophet_partition=0).
+SLICING = dict(partition=64, prophet_partition=0, max_chunk_bytes=256)
 
 
 def train(model_name, optname, scheduler, steps=6, bpps=1, **kw):
