@@ -60,7 +60,7 @@ def zero_grad_of(p: torch.Tensor, set_to_none: bool) -> None:
 
 class UpdateLedger:
     """Which updates are pending, held or landed, and the first failure of any thread. ``cond`` guards
-    every flag; ``apply`` runs exactly once per update, on the completion thread or in ``step()``."""
+    every flag; ``_apply`` runs exactly once per update, on the completion thread or in ``step()``."""
 
     def __init__(self, params: list[ParameterState], base_cls: type, compression, layerwise: bool) -> None:
         self.params, self.base_cls, self.compression, self.layerwise = params, base_cls, compression, layerwise

@@ -45,8 +45,8 @@ def alone_then_backlogged(monitor):
 
 
 def test_core_monitor_mistakes_latency_and_lateness_for_link_cost():
-    # the problem LinkMonitor exists for (measured in docs/history/AB-notebook.md): the core's estimate after ops that
-    # ran alone carries their latency and the follower's lateness as a per-message cost
+    # the problem LinkMonitor exists for (docs/DESIGN.md, "Link monitor (plugins)"): the core's estimate
+    # after ops that ran alone carries their latency and the follower's lateness as a per-message cost
     core = BandwidthMonitor(serializations=1)
     now = 0.0
     for k in range(12):

@@ -98,8 +98,8 @@ def test_profile_is_written_and_valid(tmp_path):
 @pytest.mark.timeout(120)
 def test_profile_forward_times_leave_out_the_waits_for_updates(tmp_path):
     """The next forward waits for a layer's update inside its container's span. That wait is not
-    compute: it once reached the profile as the next layer's forward time (vgg under FIFO: 1.7 s for
-    one linear layer), and the simulator replayed FIFO's step 86% too long."""
+    compute: counted as the next layer's forward time, it would make the simulator replay the step
+    too long."""
     import time
     from torch import nn
     from byteps_prophet.backends.base import LocalBackend
