@@ -56,10 +56,10 @@ def default_backend_name(settings: Settings | None = None) -> str:
 class _DistributedMixin:
     """Overrides mixed in front of the user's optimizer class; the work is the engine's."""
 
-    _bpp: GradientEngine
+    _engine: GradientEngine
 
     def step(self, closure=None):
-        engine = self._bpp
+        engine = self._engine
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -76,41 +76,41 @@ class _DistributedMixin:
         return loss
 
     def zero_grad(self, set_to_none: bool = True):
-        self._bpp.updates.zero_grad(self.param_groups, self._bpp.by_id, set_to_none)
+        self._engine.updates.zero_grad(self.param_groups, self._engine.by_id, set_to_none)
 
     def synchronize(self):
         """Wait until every gradient is averaged; the update waits for ``step()`` (call it inside
         ``skip_synchronize()``), so the gradients can be read or clipped in between, as with BytePS."""
-        self._bpp.finish_backward(stepping=False)
-        self._bpp.updates.wait_all()  # every gradient averaged; with overlap, the last step's updates landed too
+        self._engine.finish_backward(stepping=False)
+        self._engine.updates.wait_all()  # every gradient averaged; with overlap, the last step's updates landed too
 
     @contextlib.contextmanager
     def skip_synchronize(self):
         yield
 
     def state_dict(self):
-        self._bpp.updates.wait_all()
+        self._engine.updates.wait_all()
         return super().state_dict()
 
     def load_state_dict(self, state_dict):
-        self._bpp.updates.wait_all()
+        self._engine.updates.wait_all()
         super().load_state_dict(state_dict)
-        for entry in self._bpp.params:  # the twins share the (new) state
+        for entry in self._engine.params:  # the twins share the (new) state
             entry.twin.state = self.state
             group = next(g for g in self.param_groups if any(p is entry.param for p in g["params"]))
             entry.group = group
 
     def close(self):
         """Wait for outstanding work, remove the hooks, write the profile, leave the process group."""
-        self._bpp.close()
+        self._engine.close()
 
     def save_profile(self, path: str | None = None) -> str | None:
-        recorder = self._bpp.listener(ProfileListener)
+        recorder = self._engine.listener(ProfileListener)
         return None if recorder is None else recorder.save(path)
 
     @property
     def scheduler(self):
-        return self._bpp.scheduler
+        return self._engine.scheduler
 
 
 _LIVE: "weakref.WeakSet[GradientEngine]" = weakref.WeakSet()
@@ -176,7 +176,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     wrapped.__dict__.update(optimizer.__dict__)
     engine = GradientEngine(wrapped, base, named, compression, backward_passes_per_step, settings, backend,
                             model_name=model_name, batch_size=batch_size)
-    wrapped._bpp = engine
+    wrapped._engine = engine
     _LIVE.add(engine)
     return wrapped
 

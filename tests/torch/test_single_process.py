@@ -216,7 +216,7 @@ def test_scheduler_sees_the_backends_link():
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), list(model.named_parameters()),
                                scheduler="prophet", backend=TwoStage())
     try:
-        scheduler = opt._bpp.scheduler
+        scheduler = opt._engine.scheduler
         assert scheduler.traits.stages == 2 and scheduler.traits.pulls_follow_pushes
         assert scheduler._serializations == 2 and scheduler._pulls_follow_pushes
         assert scheduler.bandwidth.serializations == 2
@@ -233,7 +233,7 @@ def test_the_scheduler_is_woken_when_it_asks_and_close_stops_the_timer():
     model = build("mlp")
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), list(model.named_parameters()),
                                scheduler="prophet", backend="local")
-    scheduler = opt._bpp.scheduler
+    scheduler = opt._engine.scheduler
     ticked = threading.Event()
     original_tick = scheduler.tick
 
@@ -247,7 +247,7 @@ def test_the_scheduler_is_woken_when_it_asks_and_close_stops_the_timer():
         assert ticked.wait(5.0)
     finally:
         opt.close()
-    assert not opt._bpp._timer._thread.is_alive()
+    assert not opt._engine._timer._thread.is_alive()
 
 
 def test_fuse_knob_is_validated_and_on_by_default():
@@ -270,7 +270,7 @@ def test_settings_as_keyword_arguments_override_the_environment(monkeypatch):
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                                backend="local", scheduler="prophet", credit=5000, overlap=True)
     try:
-        engine = opt._bpp
+        engine = opt._engine
         assert (engine.settings.scheduler, engine.settings.credit, engine.overlap) == ("prophet", 5000, True)
         assert opt.scheduler.name == "prophet"
     finally:
@@ -278,7 +278,7 @@ def test_settings_as_keyword_arguments_override_the_environment(monkeypatch):
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                                backend="local", overlap=None)  # None: the environment's
     try:
-        engine = opt._bpp
+        engine = opt._engine
         assert (engine.settings.scheduler, engine.settings.credit, engine.overlap) == ("bytescheduler", 1000, False)
     finally:
         opt.close()
