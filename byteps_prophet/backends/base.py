@@ -1,14 +1,12 @@
-"""The backend contract.
+"""The backend contract: what the plugins need from a communication engine.
 
 An :class:`Op` is one synchronisation: rows ``[row_start, row_end)`` (dim 0) of one gradient of one
 iteration, stored in ``tensor`` (a 2-D, contiguous view of those rows, synchronised in place). A
-backend issues an op asynchronously (``issue`` returns a handle) and ``wait`` blocks until it is done;
-afterwards ``tensor`` holds the average over all workers. ``traits`` (core.traits.EngineTraits) say what
-the engine is like: how often each byte crosses the bottleneck link (2 for a parameter server's push then
-pull, 1 for an all-reduce), whether pulls follow pushes.
-
-Backends never see the scheduler: the :class:`~byteps_prophet.backends.sync.Synchroniser` calls
-``issue`` in one global order and ``wait`` in the same order, from its own threads.
+:class:`Backend` issues ops and reports when each is done; afterwards ``tensor`` holds the average over
+all workers. Backends never see the scheduler (it sees only its
+:class:`~byteps_prophet.core.scheduler.Transport`, the plugin): once training runs the
+:class:`~byteps_prophet.backends.sync.Synchroniser` is their only caller (docs/DESIGN.md, "Followers
+follow the leader's order"). The promises, method by method, are in :class:`Backend`.
 """
 from __future__ import annotations
 
@@ -73,8 +71,28 @@ class FusedOp(Op):
 
 
 class Backend:
-    """Base class. Subclasses set ``traits`` and implement ``issue``/``wait``. One that sets
-    ``accepts_fused`` synchronises a :class:`FusedOp` as one message (Prophet then fuses)."""
+    """Base class of every backend; a subclass sets ``traits`` and implements ``issue`` (and ``wait``
+    unless it reports completions itself).
+
+    Attributes, fixed once the backend is made: ``name`` (the ``BYTEPS_PROPHET_BACKEND`` value or an
+    engine's name, for messages and traces), ``rank`` and ``size`` (this worker's place in the job),
+    ``traits`` (:class:`~byteps_prophet.core.traits.EngineTraits`: how often each byte crosses the
+    bottleneck link, 2 for a parameter server's push then pull, 1 for an all-reduce; whether pulls
+    follow pushes), ``accepts_fused`` (it synchronises a :class:`FusedOp` as one message: Prophet then
+    fuses; otherwise it never receives one).
+
+    Threads and order: ``issue`` is called from one thread at a time (the Synchroniser's issuer
+    thread, or an inline leader's caller under the Synchroniser's lock), in one global order that is
+    the same on every rank, so every rank issues the same ops, cut at the same rows, in the same order.
+    ``wait`` is called from one other thread (the waiter), once per handle, in issue order. ``issue``
+    must not block on the completion of an op issued after it; ``wait`` may block, bounded by
+    ``BYTEPS_PROPHET_TIMEOUT`` (``timeout_s``): a dead peer becomes an error, never a hang.
+
+    Errors: an op that cannot complete raises :class:`BackendError` from ``issue`` or ``wait``, one line
+    naming this rank, the op (``op.key``, ``op.iteration``) and the likely cause; the Synchroniser then
+    stops both threads and the training thread raises it. A bad configuration raises ``ConfigError``
+    when the backend is made or set up.
+    """
 
     name = "base"
     traits = EngineTraits(name="local")
@@ -85,26 +103,35 @@ class Backend:
         self.size = 1
 
     def setup(self) -> None:
-        """Connect (called once, from the plugin, before the first op)."""
+        """Connect to the job and set ``rank`` and ``size``; a backend that needs it calls it itself
+        as it is made (TorchDistBackend does), so a made backend is connected."""
 
     def use_atoms(self, elements: int) -> int:
         """Slices that vary from iteration to iteration (Prophet's cuts) are coming. A backend for which
         every distinct slice is a new key to set up sends fixed atoms of about ``elements`` instead
-        and returns that size, which the scheduler then cuts on; 0: any slice costs the same."""
+        and returns that size, which the scheduler then cuts on; 0: any slice costs the same. Called
+        once, before the first op, on every rank alike."""
         return 0
 
     def channel(self):
-        """The announcement channel ranks use to agree on the order (None for one worker)."""
+        """The announcement channel (backends/channel.py) on which rank 0 tells the others the order;
+        None for one worker. The Synchroniser closes it; the backend owns what it runs on."""
         return None
 
     def issue(self, op: Op) -> Any:
+        """Start synchronising ``op`` without waiting for it; a handle for ``wait``, or None where the
+        backend reports the completion itself (the MXNet store's engine does)."""
         raise NotImplementedError
 
     def wait(self, handle: Any) -> None:
+        """Block until the op of ``handle`` is done: its ``tensor`` (each member's, for a FusedOp) holds
+        the average over all workers."""
         raise NotImplementedError
 
     def close(self, together: bool = True) -> None:
-        """Leave the job; ``together``: first wait for the other ranks to leave too (not after a failure)."""
+        """Leave the job, after the last ``wait`` returned (or after a failure). ``together``: first
+        wait for the other ranks to leave too, so that none tears down what a peer still uses; False
+        after a failure, where a peer may never come."""
 
 
 class LocalBackend(Backend):

@@ -19,7 +19,11 @@ from byteps_prophet.errors import ConfigError
 
 
 class TorchDistBackend(Backend):
-    traits = EngineTraits(name="gloo", stages=1)
+    """One asynchronous ``all_reduce`` per op (one per dtype for a FusedOp), divided by the world size
+    when waited for. ``kind`` is the torch.distributed backend (gloo or nccl); ``group`` a process
+    group to use instead of the default one."""
+
+    traits = EngineTraits(name="gloo", stages=1)  # every all-reduce crosses the link once, gloo or NCCL
     accepts_fused = True  # a FusedOp is one all_reduce of a flat buffer per dtype (issue below)
 
     def __init__(self, kind: str = "gloo", group=None) -> None:
@@ -34,6 +38,8 @@ class TorchDistBackend(Backend):
         self.setup()
 
     def setup(self) -> None:
+        """Join the default process group, creating it from the rendezvous if there is none yet (then
+        it is this backend's to destroy at ``close``), and open the order channel's store prefix."""
         import torch.distributed as dist
 
         if not dist.is_available():
@@ -63,6 +69,8 @@ class TorchDistBackend(Backend):
         return StoreChannel(self._store) if self._store is not None else None
 
     def issue(self, op: Op):
+        """Start the all-reduce (sum) of ``op``'s rows in place; the handle is ``(op, work)``, where a
+        FusedOp's work is a list of ``(members, flat buffer, Work)`` and one worker's is None."""
         import torch.distributed as dist
 
         if self.size == 1:
@@ -82,6 +90,8 @@ class TorchDistBackend(Backend):
         return (op, dist.all_reduce(op.tensor, group=self.group, async_op=True))
 
     def wait(self, handle) -> None:
+        """Wait for the all-reduce, then turn the sum into the average (a FusedOp's flat buffer once,
+        then copied back into each member's rows). A failed collective is a BackendError naming the op."""
         op, work = handle
         if work is None:
             return
@@ -116,6 +126,8 @@ class TorchDistBackend(Backend):
         self._held.extend(works)
 
     def close(self, together: bool = True) -> None:
+        """Destroy the process group if this backend made it (after a barrier when ``together``), drop
+        the store, and keep the last iteration's Works referenced for good (``_hold``)."""
         import torch.distributed as dist
 
         if self._owns_group and dist.is_initialized():

@@ -15,7 +15,9 @@ from byteps_prophet.cluster.loopback_torch import run_workers
 
 HERE = os.path.dirname(__file__)
 WORKER = [sys.executable, os.path.join(HERE, "worker.py")]
-SLICING = {"BYTESCHEDULER_PARTITION": "64", "PROPHET_MAX_CHUNK_BYTES": "256", "PROPHET_PROFILE_ITERATIONS": "2",
+# Prophet queues the same small partition as ByteScheduler (BYTEPS_PROPHET_PARTITION=0)
+SLICING = {"BYTESCHEDULER_PARTITION": "64", "BYTEPS_PROPHET_PARTITION": "0", "PROPHET_MAX_CHUNK_BYTES": "256",
+           "PROPHET_PROFILE_ITERATIONS": "2",
            "BYTEPS_PROPHET_TIMEOUT": "60"}
 
 
@@ -140,7 +142,8 @@ def test_prophet_fused_collectives_equal_fifo_and_single_process(tmp_path):
     of a fused op share its issue time in the trace)."""
     steps = 5
     ref = reference("many", "sgd", steps)
-    extra = {"PROPHET_MAX_CHUNK_BYTES": "0", "BYTESCHEDULER_PARTITION": "64", "BYTEPS_PROPHET_FUSE": "1"}
+    extra = {"PROPHET_MAX_CHUNK_BYTES": "0", "BYTESCHEDULER_PARTITION": "64", "BYTEPS_PROPHET_PARTITION": "0",
+             "BYTEPS_PROPHET_FUSE": "1"}
     result, out = launch(tmp_path, "prophet", "sgd", steps, model_name="many", extra=extra)
     assert result.ok, (result.reason, result.output)
     for params in every_worker(out):

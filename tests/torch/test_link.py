@@ -9,7 +9,7 @@ from byteps_prophet.core import Settings, Task
 from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.errors import ConfigError
 from byteps_prophet.torch import DistributedOptimizer
-from byteps_prophet.torch.optimizer import PROPHET_PARTITION, _prophet_settings
+from byteps_prophet.torch.prophet_pieces import PROPHET_PARTITION, prophet_settings
 
 BW = 25e6  # bytes/s
 COST = 0.002  # what the link really serialises per message
@@ -45,8 +45,8 @@ def alone_then_backlogged(monitor):
 
 
 def test_core_monitor_mistakes_latency_and_lateness_for_link_cost():
-    # the problem LinkMonitor exists for (measured in docs/history/AB-notebook.md): the core's estimate after ops that
-    # ran alone carries their latency and the follower's lateness as a per-message cost
+    # the problem LinkMonitor exists for (docs/DESIGN.md, "Link monitor (plugins)"): the core's estimate
+    # after ops that ran alone carries their latency and the follower's lateness as a per-message cost
     core = BandwidthMonitor(serializations=1)
     now = 0.0
     for k in range(12):
@@ -135,18 +135,23 @@ def test_link_monitor_falls_back_to_delivery_rate():
 
 def test_prophet_partition_default_and_overrides():
     prophet = Settings(scheduler="prophet")
-    assert _prophet_settings(prophet).partition == PROPHET_PARTITION
-    assert _prophet_settings(prophet, pulls_follow_pushes=True).partition == Settings().partition
-    assert _prophet_settings(Settings(scheduler="bytescheduler")).partition == Settings().partition
-    assert _prophet_settings(Settings(scheduler="prophet", partition=64)).partition == 64
+    assert prophet_settings(prophet).partition == PROPHET_PARTITION
+    assert prophet_settings(prophet, pulls_follow_pushes=True).partition == Settings().partition
+    assert prophet_settings(Settings(scheduler="bytescheduler")).partition == Settings().partition
+    # a partition set for ByteScheduler is Prophet's only where BYTEPS_PROPHET_PARTITION says so (0)
+    assert prophet_settings(Settings(scheduler="prophet", partition=64)).partition == PROPHET_PARTITION
+    assert prophet_settings(Settings(scheduler="prophet", partition=64, prophet_partition=0)).partition == 64
+    assert prophet_settings(Settings(scheduler="prophet", partition=64, prophet_partition=0),
+                            pulls_follow_pushes=True).partition == 64
+    assert prophet_settings(Settings(scheduler="prophet", partition=64, prophet_partition=123)).partition == 123
     env = {"BYTEPS_SCHEDULER": "prophet", "BYTEPS_PROPHET_PARTITION": "0"}
-    assert _prophet_settings(Settings.from_env(env)).partition == Settings().partition
+    assert prophet_settings(Settings.from_env(env)).partition == Settings().partition
     env["BYTEPS_PROPHET_PARTITION"] = "123"
-    assert _prophet_settings(Settings.from_env(env)).partition == 123
-    assert _prophet_settings(Settings.from_env(env), pulls_follow_pushes=True).partition == 123
-    # a partition set is Prophet's too, even the default value (set, so meant)
+    assert prophet_settings(Settings.from_env(env)).partition == 123
+    assert prophet_settings(Settings.from_env(env), pulls_follow_pushes=True).partition == 123
+    env["BYTEPS_PROPHET_PARTITION"] = "0"
     for partition in ("500", str(Settings().partition)):
-        assert _prophet_settings(Settings.from_env(dict(env, BYTESCHEDULER_PARTITION=partition))).partition == \
+        assert prophet_settings(Settings.from_env(dict(env, BYTESCHEDULER_PARTITION=partition))).partition == \
             int(partition)
     with pytest.raises(ConfigError, match="BYTEPS_PROPHET_PARTITION"):
         Settings.from_env(dict(env, BYTEPS_PROPHET_PARTITION="x"))

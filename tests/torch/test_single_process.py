@@ -17,8 +17,9 @@ OPTIMIZERS = {
     "adam": lambda p: torch.optim.Adam(p, lr=0.01),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
 }
-# Small partitions so ByteScheduler and Prophet really cut gradients into slices.
-SLICING = dict(partition=64, max_chunk_bytes=256)
+# Small partitions so ByteScheduler and Prophet really cut gradients into slices (Prophet queues
+# ByteScheduler's partition: prophet_partition=0).
+SLICING = dict(partition=64, prophet_partition=0, max_chunk_bytes=256)
 
 
 def train(model_name, optname, scheduler, steps=6, bpps=1, **kw):
@@ -28,8 +29,7 @@ def train(model_name, optname, scheduler, steps=6, bpps=1, **kw):
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = OPTIMIZERS[optname]([p for _, p in params])
     if scheduler is not None:
-        settings = Settings(scheduler=scheduler, partition=SLICING["partition"],
-                            max_chunk_bytes=SLICING["max_chunk_bytes"], profile_iterations=2)
+        settings = Settings(scheduler=scheduler, **SLICING, profile_iterations=2)
         opt = DistributedOptimizer(opt, params, backward_passes_per_step=bpps, settings=settings,
                                    backend="local", **kw)
     for step in range(steps):
@@ -85,7 +85,7 @@ def test_more_than_a_thousand_tensors(scheduler):
 @pytest.mark.timeout(120)
 def test_profile_is_written_and_valid(tmp_path):
     path = tmp_path / "profile.json"
-    train("mlp", "sgd", "prophet", steps=8, profile_path=str(path), batch_size=8)
+    train("mlp", "sgd", "prophet", steps=8, profile=str(path), batch_size=8)
     profile = load_profile(path)
     assert profile.framework == "pytorch" and profile.batch == 8
     assert len(profile.iterations) >= 3  # 8 steps - 2 warm-up - the last (never closed)
@@ -98,8 +98,8 @@ def test_profile_is_written_and_valid(tmp_path):
 @pytest.mark.timeout(120)
 def test_profile_forward_times_leave_out_the_waits_for_updates(tmp_path):
     """The next forward waits for a layer's update inside its container's span. That wait is not
-    compute: it once reached the profile as the next layer's forward time (vgg under FIFO: 1.7 s for
-    one linear layer), and the simulator replayed FIFO's step 86% too long."""
+    compute: counted as the next layer's forward time, it would make the simulator replay the step
+    too long."""
     import time
     from torch import nn
     from byteps_prophet.backends.base import LocalBackend
@@ -121,7 +121,7 @@ def test_profile_forward_times_leave_out_the_waits_for_updates(tmp_path):
     model = ContainerThenLayer()
     path = tmp_path / "profile.json"
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), list(model.named_parameters()),
-                               scheduler="fifo", backend=SlowLink(), profile_path=str(path), batch_size=8)
+                               scheduler="fifo", backend=SlowLink(), profile=str(path), batch_size=8)
     for step in range(8):
         opt.zero_grad()
         x, y = data("mlp", 0, step)
@@ -143,8 +143,7 @@ def test_state_dict_round_trip_keeps_training_equal(scheduler):
     from it for two more steps: the same parameters as four uninterrupted steps of the plain
     optimizer. Adam's moments live only in the optimizer's state, so a state_dict that loses or
     misplaces them (or a load that does not reach the wrapped optimizer) changes the result."""
-    settings = dict(scheduler=scheduler, partition=SLICING["partition"], max_chunk_bytes=SLICING["max_chunk_bytes"],
-                    profile_iterations=2)
+    settings = dict(scheduler=scheduler, **SLICING, profile_iterations=2)
 
     def wrapped(model):
         from byteps_prophet.core import Settings
@@ -217,7 +216,7 @@ def test_scheduler_sees_the_backends_link():
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), list(model.named_parameters()),
                                scheduler="prophet", backend=TwoStage())
     try:
-        scheduler = opt._bpp.scheduler
+        scheduler = opt._engine.scheduler
         assert scheduler.traits.stages == 2 and scheduler.traits.pulls_follow_pushes
         assert scheduler._serializations == 2 and scheduler._pulls_follow_pushes
         assert scheduler.bandwidth.serializations == 2
@@ -234,7 +233,7 @@ def test_the_scheduler_is_woken_when_it_asks_and_close_stops_the_timer():
     model = build("mlp")
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), list(model.named_parameters()),
                                scheduler="prophet", backend="local")
-    scheduler = opt._bpp.scheduler
+    scheduler = opt._engine.scheduler
     ticked = threading.Event()
     original_tick = scheduler.tick
 
@@ -248,7 +247,7 @@ def test_the_scheduler_is_woken_when_it_asks_and_close_stops_the_timer():
         assert ticked.wait(5.0)
     finally:
         opt.close()
-    assert not opt._bpp._timer._thread.is_alive()
+    assert not opt._engine._timer._thread.is_alive()
 
 
 def test_fuse_knob_is_validated_and_on_by_default():
@@ -259,3 +258,41 @@ def test_fuse_knob_is_validated_and_on_by_default():
     assert Settings.from_env({"BYTEPS_PROPHET_FUSE": "0"}).fuse is False
     with pytest.raises(ConfigError, match="BYTEPS_PROPHET_FUSE='maybe' is not a boolean; valid: 0, 1"):
         Settings.from_env({"BYTEPS_PROPHET_FUSE": "maybe"})
+
+
+def test_settings_as_keyword_arguments_override_the_environment(monkeypatch):
+    """Every Settings field is a keyword argument of DistributedOptimizer (DDP's style); the
+    environment is the fallback for the fields not passed."""
+    monkeypatch.setenv("BYTEPS_SCHEDULER", "bytescheduler")
+    monkeypatch.setenv("BYTESCHEDULER_CREDIT", "1000")
+    monkeypatch.setenv("BYTEPS_PROPHET_OVERLAP", "0")
+    model = build("mlp")
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                               backend="local", scheduler="prophet", credit=5000, overlap=True)
+    try:
+        engine = opt._engine
+        assert (engine.settings.scheduler, engine.settings.credit, engine.overlap) == ("prophet", 5000, True)
+        assert opt.scheduler.name == "prophet"
+    finally:
+        opt.close()
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                               backend="local", overlap=None)  # None: the environment's
+    try:
+        engine = opt._engine
+        assert (engine.settings.scheduler, engine.settings.credit, engine.overlap) == ("bytescheduler", 1000, False)
+    finally:
+        opt.close()
+
+
+def test_unknown_keyword_argument_is_one_line_naming_it_and_the_valid_ones():
+    from byteps_prophet.errors import ConfigError
+
+    model = build("mlp")
+    with pytest.raises(ConfigError) as err:
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                             backend="local", credits=5000)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "'credits'" in message
+    for valid in ("settings", "backend", "model_name", "batch_size", "scheduler", "credit", "overlap", "profile"):
+        assert valid in message.split("valid:", 1)[1], (valid, message)

@@ -153,7 +153,7 @@ def run(args) -> int:
         opt = _Plain(bps.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters()))
     else:
         opt = DistributedOptimizer(make(model.parameters()), model.named_parameters(), settings=settings,
-                                   backend=backend, profile_path=args.profile, model_name=args.model,
+                                   backend=backend, profile=args.profile, model_name=args.model,
                                    batch_size=args.batch)
 
     def one_step():
@@ -312,12 +312,12 @@ def tune(opt, one_step, args, backend) -> dict:
 
     def set_credit(credit: int) -> None:
         if backend.rank == 0:
-            with opt._bpp.lock:
+            with opt._engine.lock:
                 opt.scheduler.set_credit(credit)
 
     total = sum(p.numel() for g in opt.param_groups for p in g["params"])
     probes = tuple(int(v) for v in args.tune_probes.split(","))
-    return tune_credit(credit_bounds(opt._bpp.settings.partition, total), probes, args.tune_credit,
+    return tune_credit(credit_bounds(opt._engine.settings.partition, total), probes, args.tune_credit,
                        set_credit, one_step, opt.synchronize)
 
 
