@@ -51,6 +51,14 @@ AB_FILES = (
     ABFile("ab/overlap-torch-gloo-vgg-1gbit.json",
            (("prophet", "bytescheduler", True), ("prophet_overlap", "prophet", False),
             ("bytescheduler_overlap", "bytescheduler", False))),
+    ABFile("ab/ab-torch-byteps-vgg-200mbit-before.json", (("prophet", "bytescheduler", False),),
+           "before the redesign of issue 50"),
+    ABFile("ab/ab-torch-byteps-vgg-500mbit.json",
+           (("prophet", "bytescheduler", True), ("prophet", "fifo", True), ("bytescheduler", "fifo", False))),
+    ABFile("ab/ab-torch-gloo-vgg-1gbit.json", (("prophet", "bytescheduler", True),)),
+    ABFile("ab/ab-torch-byteps-resnet-1gbit.json",
+           (("prophet", "fifo", True), ("prophet", "bytescheduler", False), ("bytescheduler", "fifo", False))),
+    ABFile("ab/ab-mxnet-byteps-transformer-200mbit.json", (("prophet", "bytescheduler", True),)),
     ABFile("replay/torch_byteps_vgg_200m/measured.json",
            (("prophet", "bytescheduler", False), ("prophet", "fifo", False)), "overlap on"),
     ABFile("replay/torch_byteps_vgg_1g/measured.json",
@@ -217,11 +225,13 @@ def summary_table() -> str:
     """RESULTS.md's opening table: each headline pair, with interval, rounds and the word it earns,
     then the predictions' status and where each row's data is."""
     rows, sources = headline_rows()
+    predictions = []
     for path in PREDICTIONS:
         p = load(path)
-        rows.append([p["configuration"], "prediction", prediction_status(p), "", ""])
+        predictions.append(item(f"{p['configuration']}: {prediction_status(p)}"))
         sources.append(item(f"prediction: `{path}`, predicted at {p['commit']}"))
-    return table(HEADER, rows) + "\n\n" + "Data, under `scripts/benchmarks/data/`:\n\n" + "\n".join(sources)
+    return (table(HEADER, rows) + "\n\nPredictions made before their measurement (below):\n\n"
+            + "\n".join(predictions) + "\n\nData, under `scripts/benchmarks/data/`:\n\n" + "\n".join(sources))
 
 
 def readme_table() -> str:

@@ -80,6 +80,8 @@ def test_a_prediction_awaits_its_measurement_then_is_scored(tmp_path, monkeypatc
     data = copied_data(tmp_path, monkeypatch)
     path = results.PREDICTIONS[0]
     prediction = json.loads((data / path).read_text())
+    target = data / prediction["measurement_file"].removeprefix("scripts/benchmarks/data/")
+    target.unlink(missing_ok=True)
     assert "awaiting measurement" in results.prediction_table(path)
     # a measurement: FIFO as predicted, ByteScheduler 20% faster than predicted, Prophet 5% slower, 6 rounds
     factor = {"fifo": 1.0, "bytescheduler": 1.2, "prophet": 0.95}
@@ -89,7 +91,6 @@ def test_a_prediction_awaits_its_measurement_then_is_scored(tmp_path, monkeypatc
                 "ab": {"config": {"framework": "torch", "backend": "byteps", "model": "vgg", "batch": 16,
                                   "bandwidth": "500mbit", "workers": 2}, "tcp_congestion_control": "bbr",
                        "runs": runs}}
-    target = data / prediction["measurement_file"].removeprefix("scripts/benchmarks/data/")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(measured))
     text = results.prediction_table(path)
