@@ -148,7 +148,7 @@ def test_close_ends_a_synchronisation_that_never_finishes_in_bounded_time():
     run once hung in the forward-order test's ``close`` after its ``flush(timeout=60)`` had failed)."""
     kv = skv.create("local", settings=Settings(scheduler="fifo", timeout=1.0))
     stuck = threading.Event()
-    kv._transfer = lambda atom_key, buf, priority: stuck.wait(120)
+    kv._atoms.transfer = lambda atom_key, buf, priority: stuck.wait(120)
     kv.init(3, mx.nd.ones((10, 4)))
     kv.pushpull(3, mx.nd.ones((10, 4)), out=mx.nd.zeros((10, 4)))
     started = time.monotonic()
@@ -156,7 +156,7 @@ def test_close_ends_a_synchronisation_that_never_finishes_in_bounded_time():
         with pytest.raises(TimeoutError, match="did not finish in time"):
             kv.close()
         assert time.monotonic() - started < 30
-        assert kv._stopping
+        assert kv._probe.stopping
     finally:
         stuck.set()
     deadline = time.monotonic() + 10  # the transfer returned: its gate opens, no engine op left pending
@@ -209,7 +209,7 @@ def test_a_step_closed_idle_mid_iteration_neither_deadlocks_nor_changes_the_math
     split = 0
     for _ in range(12):
         with _trained_dense_stack(0.0003) as (net, _, kv):
-            params, split = _parameters(net), split + (kv._iteration > 3)  # more steps than iterations
+            params, split = _parameters(net), split + (kv._probe.iteration > 3)  # more steps than iterations
         for got, want in zip(params, reference):
             np.testing.assert_array_equal(got, want)
     assert split, "no iteration was split: the test did not exercise the continuation"
