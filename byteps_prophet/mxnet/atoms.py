@@ -31,6 +31,7 @@ from byteps_prophet.backends.base import Backend, Op, OrderMismatch
 from byteps_prophet.backends.sync import Synchroniser
 from byteps_prophet.core import EngineTraits, Settings, Task
 from byteps_prophet.core.task import atom_grid
+from byteps_prophet.errors import UserError
 from byteps_prophet.mxnet.gates import EngineGate, Notifier, copy_raw
 
 IDLE, SENT, DONE = 0, 1, 2  # an atom's state in one synchronisation
@@ -102,6 +103,29 @@ class KeyAtoms:
                     copy_raw(buf, target)
                 else:
                     buf.copyto(target)
+
+
+class KeyTable(dict):
+    """Every initialised key's :class:`KeyAtoms`, by user key. Atom keys count up in the order keys
+    are cut, so workers that initialise the same keys in the same order number them alike."""
+
+    def __init__(self, settings: Settings, atom: int) -> None:
+        super().__init__()
+        self._settings = settings
+        self.atom_elements = atom  # Prophet's atom (its grid)
+        self.atom_count = 0
+
+    def cut(self, key, shape: tuple[int, ...], dtype) -> KeyAtoms:
+        """A new key's atoms; it joins the table once initialised (``table[key] = entry``)."""
+        if key in self:
+            raise UserError(f"ScheduledKVStore: key {key!r} initialised twice")
+        ranges = atom_ranges(shape, self._settings.scheduler, self._settings.partition, self.atom_elements)
+        atoms = [(row_start, row_end, self.atom_count + i) for i, (row_start, row_end) in enumerate(ranges)]
+        self.atom_count += len(atoms)
+        return KeyAtoms(key, len(self), shape, dtype, atoms)
+
+    def __missing__(self, key):
+        raise UserError(f"ScheduledKVStore: key {key!r} was never initialised (call init first)")
 
 
 class Synchronisation:

@@ -135,7 +135,7 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         entry.init_futures, entry.init_bufs = [], []
 
     def _pull_one(self, key, outs: list, priority: int) -> None:
-        entry = self._entry(key)
+        entry = self._keys[key]
         if entry.last is not None:
             self._waits.wait(entry.last.done)
         if not getattr(entry, "init_futures", None):
@@ -160,7 +160,7 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         self._init_waiter.submit(fill)
 
     def _register(self, key, values, outs, priority) -> None:
-        entry = self._entry(key)
+        entry = self._keys[key]
         if getattr(entry, "init_futures", None):
             with self._probe.registering():  # may take seconds: not an idle end of the step
                 self._init_done(entry)  # a first scheduled push_pull must not be the name's init

@@ -38,7 +38,7 @@ from byteps_prophet.core import EngineTraits, MonotonicClock, Settings, make_sch
 from byteps_prophet.core.link_monitor import link_monitor
 from byteps_prophet.core.trace import TraceLog, trace_path, writable
 from byteps_prophet.errors import UserError
-from byteps_prophet.mxnet.atoms import AtomSender, KeyAtoms, atom_elements, atom_ranges, optimizer_for_atoms
+from byteps_prophet.mxnet.atoms import AtomSender, KeyAtoms, KeyTable, atom_elements, optimizer_for_atoms
 from byteps_prophet.mxnet.gates import EngineGate, Notifier
 from byteps_prophet.mxnet.readiness import ReadinessProbe
 from byteps_prophet.mxnet.waits import BoundedWaits
@@ -62,9 +62,26 @@ def is_leader(kvstore, environ=None) -> bool:
     return kvstore.rank == 0
 
 
+def _order_channel(settings: Settings, store_type: str, leader: bool, workers: int) -> SocketChannel | None:
+    """Worker 0 announces its order to the others over a socket at ``MASTER_ADDR:MASTER_PORT``;
+    FIFO needs no order, and without ``MASTER_ADDR`` the followers send each gradient when it is
+    ready (said once, by the leader)."""
+    if settings.scheduler == "fifo" or "dist" not in store_type or workers < 2:
+        return None
+    channel = order_channel(leader, workers - 1)
+    if channel is None and leader:
+        sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
+                         "each gradient when it is ready, not in the scheduler's order\n")
+    return channel
+
+
 class ScheduledKVStore(KVStoreBase):
     """The KVStore API over a real store (``_real``); the atoms (:class:`AtomSender`) are the
-    scheduler's transport and the :class:`ReadinessProbe` posts the gradients to the scheduler."""
+    scheduler's transport and the :class:`ReadinessProbe` posts the gradients to the scheduler.
+
+    Longer than 250 lines: it is the whole ``KVStoreBase`` surface MXNet calls (init, broadcast, pull, push,
+    pushpull, the optimizer's four, barrier) and the store's lifecycle (flush, close, stats, trace);
+    the work behind each call is in atoms.py and readiness.py."""
 
     # Prophet's default atom: ByteScheduler's partition cut in this many (docs/DESIGN.md, "Fixed atoms").
     atoms_per_partition = 4
@@ -73,24 +90,22 @@ class ScheduledKVStore(KVStoreBase):
     def __init__(self, kvstore, settings: Settings | None = None, *, clock=None,
                  idle_close_s: float = IDLE_CLOSE_S) -> None:
         self.settings = Settings.from_env() if settings is None else settings
-        self._atom = atom_elements(self.settings, per_partition=self.atoms_per_partition)
         self._real = kvstore
+        self._keys = KeyTable(self.settings, atom_elements(self.settings, per_partition=self.atoms_per_partition))
         self._lock = threading.RLock()  # the scheduler and every call into the real store
         self._waits = BoundedWaits(self.settings.timeout, f"worker {self.rank}, {self.settings.scheduler}")
         self.leader = is_leader(self)  # self: a subclass may say what its transport is
         if self.settings.trace:  # before any thread or socket starts
             writable(trace_path(self.settings.trace, self.rank, primary=self.leader))
-        self._channel = self._order_channel()
+        self._channel = _order_channel(self.settings, self.type, self.leader, self.num_workers)
         mirror = self._channel is not None and not self.leader
         local = self.settings if self.leader else self.settings.replace(scheduler="fifo")
         # A push then a pull cross the link (pulls follow pushes: the values come in the push's
         # reply), and Prophet's slices finer than an atom only cost sends.
         self.traits = EngineTraits(name=self.engine_name, stages=2, pulls_follow_pushes=True,
-                                   atom_elements=self._atom if local.scheduler == "prophet" else 0)
+                                   atom_elements=self._keys.atom_elements if local.scheduler == "prophet" else 0)
         monitor = link_monitor(self.settings, self.traits.stages) if self.leader else None
         self._gate = EngineGate()
-        self._keys: dict[Any, KeyAtoms] = {}
-        self._next_atom_key = 0
         self._optimizer = None
         self._optimizer_keys = -1  # how many atoms the optimizer sent to the servers knows
         # Staged gradients and finished atoms are reported by engine ops on the prioritised workers.
@@ -110,18 +125,6 @@ class ScheduledKVStore(KVStoreBase):
                                      learns_order=learns_order, idle_close_s=idle_close_s)
         self._closed = False
         _LIVE_STORES.add(self)
-
-    def _order_channel(self) -> SocketChannel | None:
-        """Worker 0 announces its order to the others over a socket at ``MASTER_ADDR:MASTER_PORT``;
-        FIFO needs no order, and without ``MASTER_ADDR`` the followers send each gradient when it is
-        ready (said once, by the leader)."""
-        if self.settings.scheduler == "fifo" or "dist" not in self.type or self.num_workers < 2:
-            return None
-        channel = order_channel(self.leader, self.num_workers - 1)
-        if channel is None and self.leader:
-            sys.stderr.write("byteps_prophet: no MASTER_ADDR (worker 0's address): the other workers send "
-                             "each gradient when it is ready, not in the scheduler's order\n")
-        return channel
 
     @property
     def forward_index(self) -> dict:
@@ -151,7 +154,7 @@ class ScheduledKVStore(KVStoreBase):
         self._optimizer_keys = -1
         if "dist" not in self.type:
             self._real.set_optimizer(optimizer)
-            self._optimizer_keys = self._next_atom_key
+            self._optimizer_keys = self._keys.atom_count
 
     def set_gradient_compression(self, compression_params) -> None:
         raise UserError("ScheduledKVStore: gradient compression is not supported with scheduling")
@@ -191,13 +194,8 @@ class ScheduledKVStore(KVStoreBase):
             self._pull_one(k, _as_list(o), priority)
 
     def _init_one(self, key, value: mx.nd.NDArray) -> None:
-        if key in self._keys:
-            raise UserError(f"ScheduledKVStore: key {key!r} initialised twice")
         shape = tuple(value.shape) or (1,)
-        ranges = atom_ranges(shape, self.settings.scheduler, self.settings.partition, self._atom)
-        atoms = [(row_start, row_end, self._next_atom_key + i) for i, (row_start, row_end) in enumerate(ranges)]
-        self._next_atom_key += len(atoms)
-        entry = KeyAtoms(key, len(self._keys), shape, value.dtype, atoms)
+        entry = self._keys.cut(key, shape, value.dtype)
         self._init_atoms(entry, value.reshape(shape))
         self._keys[key] = entry
 
@@ -225,7 +223,7 @@ class ScheduledKVStore(KVStoreBase):
         pushed, so a pull served later returns a gradient sum, and MXNet orders nothing between the
         two (docs/MXNET.md, "Known MXNet 1.9.1 pitfalls"). So the next push of the key waits until
         these buffers are written (``KeyAtoms.pulled``)."""
-        entry = self._entry(key)
+        entry = self._keys[key]
         if entry.last is not None:
             self._waits.wait(entry.last.delivered)  # MXNet pulls into the buffer the last pushpull answered in
         if not outs:
@@ -254,7 +252,7 @@ class ScheduledKVStore(KVStoreBase):
         self._waits.raise_error()
         if self._atoms.closed_by_leader:
             raise RuntimeError("ScheduledKVStore: worker 0 closed the order channel (it finished or left)")
-        entry = self._entry(key)
+        entry = self._keys[key]
         self._probe.key_comes(key)
         if entry.last is not None and not entry.last.delivered.is_set():
             with self._probe.registering():
@@ -269,13 +267,13 @@ class ScheduledKVStore(KVStoreBase):
         self._probe.register(entry, outs, token, staged)
 
     def _send_optimizer(self) -> None:
-        if self._optimizer is None or self._optimizer_keys == self._next_atom_key or "dist" not in self.type:
+        if self._optimizer is None or self._optimizer_keys == self._keys.atom_count or "dist" not in self.type:
             return
         self.flush()  # re-sending resets server-side state; never with a step in flight
         opt = optimizer_for_atoms(self._optimizer, list(self._keys.values()))
         with self._lock:
             self._real.set_optimizer(opt)
-        self._optimizer_keys = self._next_atom_key
+        self._optimizer_keys = self._keys.atom_count
 
     def _transfer(self, atom_key: int, buf: mx.nd.NDArray, priority: int) -> None:
         """Send the atom's rows in ``buf`` and receive the servers' answer into ``buf`` (no wait): one
@@ -318,21 +316,15 @@ class ScheduledKVStore(KVStoreBase):
         if isinstance(self._real, mx.kv.KVStore):
             self._real = _leave_job(self._real)
 
-    def _entry(self, key) -> KeyAtoms:
-        try:
-            return self._keys[key]
-        except KeyError:
-            raise UserError(f"ScheduledKVStore: key {key!r} was never initialised (call init first)") from None
-
     # -- what it did ---------------------------------------------------------------------------------
     @property
     def atoms(self) -> int:
-        return self._next_atom_key
+        return self._keys.atom_count
 
     def stats(self) -> dict:
         """What the benchmark reports next to its timings."""
         sched = self.scheduler
-        out = {"atoms": self._next_atom_key, "keys": len(self._keys), "iterations": self._probe.iteration,
+        out = {"atoms": self._keys.atom_count, "keys": len(self._keys), "iterations": self._probe.iteration,
                "steps_closed_idle": self._probe.steps_closed_idle, "scheduling_rank": self.leader,
                "bandwidth_Bps": sched.bandwidth.bytes_per_s}
         profiler = getattr(sched, "profiler", None)

@@ -24,7 +24,7 @@ from byteps_prophet.core.trace import events  # noqa: E402
 from byteps_prophet.errors import ConfigError  # noqa: E402
 from byteps_prophet.mxnet.gates import EngineGate, copy_raw  # noqa: E402
 from byteps_prophet.mxnet import kvstore as skv  # noqa: E402
-from byteps_prophet.mxnet.kvstore import atom_elements, atom_ranges  # noqa: E402
+from byteps_prophet.mxnet.atoms import atom_elements, atom_ranges  # noqa: E402
 from byteps_prophet.cluster.loopback_mxnet import run_local  # noqa: E402
 from params_check import assert_every_parameter_trained, run_report  # noqa: E402
 from trace_check import assert_plan_engaged  # noqa: E402
