@@ -154,10 +154,12 @@ class BytePSTransport:
         self.declare("bpp.barrier")
         self.wait(self.push_pull("bpp.barrier", buf, average=False), buf)
 
-    def shutdown(self) -> None:
+    def shutdown(self, alone: bool = False) -> None:
+        """Shut BytePS down if this transport initialised it. ``alone`` (leaving on an error): not
+        here, where every worker is met; BytePS's exit handler shuts down without them (patch 0015)."""
         if not self._closed:
             self._closed = True
-            if self._owns_bps:
+            if self._owns_bps and not alone:
                 self.bps.shutdown()
             self._cleanup()
 

@@ -193,6 +193,7 @@ class AtomSender:
         self._pending: dict[int, int] = {}  # id(piece) -> atoms it still waits for
         self._completed: list[Synchronisation] = []
         self._issued: dict[tuple[int, int], float] = {}  # (id(sync), atom) -> when it was issued
+        self._stopped = False
         self._sync = Synchroniser(_AtomOps(self, rank, size, channel), lambda op: None, on_error,
                                   leader=not mirror, inline=True, make_op=self._announced_atom)
 
@@ -202,6 +203,10 @@ class AtomSender:
 
     def close(self, timeout: float) -> None:
         self._sync.close(timeout=timeout)
+
+    def stop(self) -> None:
+        """Issue nothing more (the process leaves alone; the order channel closes with it)."""
+        self._stopped = True
 
     # -- the leader: the scheduler's sends -------------------------------------------------------------
     def send(self, piece: Task) -> None:  # called with the lock held
@@ -249,6 +254,8 @@ class AtomSender:
 
     # -- both: issue, answer, deliver ------------------------------------------------------------------
     def issue(self, sync: Synchronisation, j: int, index: int) -> None:  # with the lock held
+        if self._stopped:
+            return
         entry = sync.key
         sync.state[j] = SENT
         if self.trace is not None:

@@ -178,11 +178,13 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         uses the second name)."""
         self._real.push_pull(self._real.next_round(atom_key), buf, average=False, priority=priority)
 
-    def close(self) -> None:
+    def close(self, alone: bool = False) -> None:
+        """As the store's; ``alone`` also leaves BytePS to its own exit handler, which shuts down
+        without meeting the other workers (patch 0015)."""
         try:
-            super().close()
+            super().close(alone)
         finally:
             if self._init_pool is not None:
-                self._init_pool.shutdown(wait=True)
-            self._init_waiter.shutdown(wait=True)
-            self._real.shutdown()
+                self._init_pool.shutdown(wait=not alone)
+            self._init_waiter.shutdown(wait=not alone)
+            self._real.shutdown(alone=alone)

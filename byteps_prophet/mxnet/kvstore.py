@@ -295,26 +295,37 @@ class ScheduledKVStore(KVStoreBase):
             if entry.last is not None:
                 self._waits.wait(entry.last.done, deadline)
 
-    def close(self) -> None:
+    def close(self, alone: bool = False) -> None:
         """Wait for everything registered (at most ``BYTEPS_PROPHET_TIMEOUT``), then stop the store's
         threads and leave the job; a synchronisation that never finishes ends in TimeoutError after
-        the store is shut down, not in a hang. A script that never calls it gets it at exit."""
+        the store is shut down, not in a hang. A script that never calls it gets it at exit.
+
+        ``alone``: the process is leaving on an error while the other workers may be blocked on it:
+        wait for nothing and meet no peer (the order channel closes with the process; the engine gates
+        open without their results; MXNet's store is abandoned, since freeing it meets every worker in
+        a barrier), so that the process exits with its error and its launcher names it."""
         if self._closed:
             return
         self._closed = True
         try:
-            self.flush(timeout=self.settings.timeout)
+            if not alone:
+                self.flush(timeout=self.settings.timeout)
         finally:
-            self._shutdown()
+            self._shutdown(alone)
 
-    def _shutdown(self) -> None:
-        self._probe.stop(timeout=5)
+    def _shutdown(self, alone: bool) -> None:
+        self._probe.stop(timeout=0 if alone else 5)
         if self._timer is not None:
             self._timer.close()
-        self._atoms.close(timeout=min(10.0, self.settings.timeout))
+        if alone:
+            with self._lock:
+                self._atoms.stop()
+            self._gate.open_all()
+        else:
+            self._atoms.close(timeout=min(10.0, self.settings.timeout))
         self.save_trace()
         if isinstance(self._real, mx.kv.KVStore):
-            self._real = _leave_job(self._real)
+            self._real = _abandon(self._real) if alone else _leave_job(self._real)
 
     # -- what it did ---------------------------------------------------------------------------------
     @property
@@ -359,6 +370,14 @@ def _leave_job(real: mx.kv.KVStore) -> "_LeftStore":
     return left
 
 
+def _abandon(real: mx.kv.KVStore) -> "_LeftStore":
+    """Never free MXNet's store (its destructor would meet the other workers): its handle is
+    cleared, so that its ``__del__`` frees nothing."""
+    left = _LeftStore(real)
+    real.handle = None
+    return left
+
+
 class _LeftStore:
     """``ScheduledKVStore._real`` after ``close``: what the store was, nothing left to call (MXNet's
     store was freed: a wrapped store the caller still holds must not be used after ``close`` either)."""
@@ -398,14 +417,10 @@ def close_all() -> None:
     """Close every store its script left open, at interpreter exit and before the interpreter
     finalizes (registered after MXNet's own exit handler, so it runs first): left to finalization,
     the store's threads and MXNet's store can abort the workers. After an unhandled exception
-    (Ctrl-C too) nothing is waited for: the other workers may be blocked on this one."""
+    (Ctrl-C too; Python sets ``sys.last_value`` before the exit handlers) each closes alone."""
     alone = getattr(sys, "last_value", None) is not None
     for store in list(_LIVE_STORES):
         try:
-            if alone:
-                store._closed = True
-                store._shutdown()
-            else:
-                store.close()
+            store.close(alone=alone)
         except Exception as err:  # noqa: BLE001 - the others must still close
             print(f"byteps-prophet: store not closed cleanly: {err}", file=sys.stderr, flush=True)

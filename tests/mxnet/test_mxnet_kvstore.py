@@ -165,6 +165,31 @@ def test_close_ends_a_synchronisation_that_never_finishes_in_bounded_time():
     assert kv._gate.open_gates == 0
 
 
+def test_close_alone_waits_for_nothing_and_opens_the_gates():
+    """``close(alone=True)`` (a process leaving on an error, ``close_all`` with ``sys.last_value``
+    set): a transfer that never returns is not waited for, nothing is raised, the engine gates open
+    without their results, and MXNet's store is abandoned, never freed (freeing meets the peers)."""
+    kv = skv.create("local", settings=Settings(scheduler="fifo", timeout=30.0))
+    stuck = threading.Event()
+    kv._atoms.transfer = lambda atom_key, buf, priority: stuck.wait(120)
+    kv.init(3, mx.nd.ones((10, 4)))
+    out = mx.nd.zeros((10, 4))
+    kv.pushpull(3, mx.nd.ones((10, 4)) * 2, out=out)
+    real = kv._real
+    started = time.monotonic()
+    try:
+        kv.close(alone=True)
+        assert time.monotonic() - started < 10
+        assert kv._probe.stopping and real.handle is None and isinstance(kv._real, skv._LeftStore)
+        deadline = time.monotonic() + 10
+        while kv._gate.open_gates and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert kv._gate.open_gates == 0
+        assert out.asnumpy().tolist() == [[0.0] * 4] * 10  # opened without the result
+    finally:
+        stuck.set()
+
+
 @contextlib.contextmanager
 def _trained_dense_stack(idle_close_s: float = skv.IDLE_CLOSE_S):
     """Three Trainer steps of a 12-layer dense stack on a local store under Prophet, flushed:
@@ -474,6 +499,23 @@ def test_dead_worker_ends_the_run_naming_it(tmp_path, dying):
     assert any("dying at step 3" in line for line in result.output[result.failed])
     assert time.monotonic() - t0 < 100
     assert "exited with status 3" in result.reason
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("failing", ["1", "0"])
+def test_a_worker_leaving_on_an_exception_ends_the_run_naming_it(tmp_path, failing):
+    """A worker whose script raises leaves alone (``close_all``): it waits for nothing and meets no
+    peer on its way out (it hung at exit before, in the barrier of MXNet's store), so it exits at
+    once, while the others may be blocked on it, and the launcher names it. Its status is the error's
+    (1), or SIGABRT's where ps-lite's threads, left running since the store is abandoned, abort at exit."""
+    env = {"BYTEPS_SCHEDULER": "prophet", "BPP_STEPS": "50", "BPP_RAISE_AT": f"3:{failing}"}
+    t0 = time.monotonic()
+    result = run_local([sys.executable, WORKER], workers=2, env=env, timeout=120)
+    assert result.failed == f"worker-{failing}", run_report(result)
+    assert result.returncode in (1, 134), run_report(result)
+    assert any("raising at step 3" in line for line in result.output[result.failed])
+    assert time.monotonic() - t0 < 60, run_report(result)
 
 
 @pytest.mark.slow
