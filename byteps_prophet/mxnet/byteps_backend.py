@@ -90,12 +90,11 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         """Declare the key's atoms now (in key order on every worker: BytePS numbers names by
         declaration order) and initialise them in the background.
 
-        A name's first push_pull initialises it on the servers: a blocking exchange with every
-        worker. So the first push_pulls (which
-        also broadcast rank 0's value: the others contribute zeros) run on ``INIT_THREADS``
-        threads, taken in key order: every worker starts them in the same order, so the smallest
-        unfinished name is always being initialised by every worker (no deadlock), and a model's
-        atoms overlap their round trips. Pulls of the key wait behind an engine gate."""
+        A name's first push_pull initialises it on the servers, a blocking exchange with every worker,
+        and broadcasts rank 0's value (the others contribute zeros). These run on ``INIT_THREADS``
+        threads in key order on every worker, so the smallest unfinished name is always being
+        initialised by every worker (no deadlock) and the atoms overlap their round trips. Pulls of
+        the key wait behind an engine gate."""
         real: BytePSTransport = self._real
         bufs, dummies = [], []
         with self._lock:
