@@ -1,22 +1,18 @@
 """BytePS push_pull (parameter server): each byte is pushed then pulled (two stages).
 
 A slice is pushed under ``bpp.<gradient>[<rows>].<round parity>``, averaged over workers, in place.
-BytePS numbers keys in the order a worker first declares them, so every key is declared
-synchronously, just before its first push, from the issuer thread: since every rank issues in rank
-0's announced order, every rank declares in the same order and the numbers agree.
+BytePS numbers keys in the order a worker first declares them, so every key is declared just before
+its first push, from the issuer thread: every rank issues in rank 0's announced order, so every rank
+declares in the same order and the numbers agree.
 
-Prophet's cuts differ from iteration to iteration, and BytePS sets every new name up with a blocking
-exchange with every worker (about a second each here): one new name per cut made each step wait for
-set-ups. So under Prophet (``use_atoms``) each gradient is a fixed grid of *atoms* (runs of rows of
-about ``elements``, from row 0), each its own name: a slice is sent as the atoms it covers, an atom it
-covers only partly whole and at once (the whole gradient is ready, so its other rows may go early),
-and a later slice of the same iteration that covers an atom already sent waits for it instead. Every
-byte still goes once per iteration, and the names are the same on every rank and in every iteration.
-The scheduler cuts on the same grid (``Prophet.cut_elements``), so partial atoms are rare.
+BytePS sets every new name up with a blocking exchange with every worker, and Prophet's cuts differ
+from step to step. So under Prophet (``use_atoms``) each gradient is a fixed grid of *atoms*, each its
+own name (docs/DESIGN.md, "Fixed atoms"): a slice is sent as the atoms it covers, an atom it covers
+only partly whole and at once (the whole gradient is ready), and a later slice of the same iteration
+that covers an atom already sent waits for it instead.
 
-The order channel is the MXNet stores' (``channel.order_channel``): rank 0 listens at ``MASTER_ADDR``
-(its address, reachable by the other workers) and ``MASTER_PORT`` (default 29512); the A/B runner and
-the cluster set both.
+The order channel is ``channel.order_channel``: rank 0 listens at ``MASTER_ADDR`` and ``MASTER_PORT``
+(default 29512).
 
 :class:`BytePSTransport` is BytePS itself, for this backend and for the MXNet stores alike
 (mxnet/byteps_backend.py): init, names declared once, a key's rounds on two alternating names,
@@ -135,11 +131,9 @@ class BytePSTransport:
     def next_round(self, key) -> str:
         """The (declared) name of ``key``'s next round: its two names in alternate rounds, counted per
         key. BytePS's server serves a round's pulls from the value the next round's first push
-        overwrites, so with one name a worker's round r+1 push could corrupt another's round r pull
-        (seen: ranks ended with different parameters; rank 1 received rank 0's next gradient as its
-        broadcast). Round r+2 (the same name) waits for round r+1 here, which every worker pushes
-        only after its round r is done. Every worker syncs each key equally often, so the counts
-        agree."""
+        overwrites, so with one name a worker's round r+1 push could corrupt another's round r pull.
+        Round r+2 (the same name) waits for round r+1, which every worker pushes only after its round
+        r is done. Every worker syncs each key equally often, so the counts agree."""
         rounds = self._rounds.get(key, 0) + 1
         self._rounds[key] = rounds
         name = self.round_names(key)[rounds % 2]
@@ -160,10 +154,12 @@ class BytePSTransport:
         self.declare("bpp.barrier")
         self.wait(self.push_pull("bpp.barrier", buf, average=False), buf)
 
-    def shutdown(self) -> None:
+    def shutdown(self, alone: bool = False) -> None:
+        """Shut BytePS down if this transport initialised it. ``alone`` (leaving on an error): not
+        here, where every worker is met; BytePS's exit handler shuts down without them (patch 0015)."""
         if not self._closed:
             self._closed = True
-            if self._owns_bps:
+            if self._owns_bps and not alone:
                 self.bps.shutdown()
             self._cleanup()
 

@@ -1,5 +1,5 @@
 """The scheduled store over BytePS's MXNet plugin (``byteps.mxnet``): FIFO, ByteScheduler or Prophet
-decide when each atom's ``push_pull`` starts, exactly as on MXNet's own KVStore.
+decide when each atom's ``push_pull`` starts, as on MXNet's own KVStore.
 
 ``create_byteps_kvstore()`` calls ``byteps.mxnet.init()`` and returns a :class:`BytePSScheduledKVStore`,
 a ``KVStoreBase`` Gluon's ``Trainer(kvstore=...)`` takes as is::
@@ -8,27 +8,21 @@ a ``KVStoreBase`` Gluon's ``Trainer(kvstore=...)`` takes as is::
     kv = create_byteps_kvstore()            # BYTEPS_SCHEDULER=fifo|bytescheduler|prophet
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {...}, kvstore=kv)
 
-Everything above the transport is the ScheduledKVStore's (atoms, staging, engine gates for
-layer-wise overlap, the leader's order; see kvstore.py). The transport differs:
+Everything above the transport is the :class:`~byteps_prophet.mxnet.kvstore.ScheduledKVStore`'s. The
+transport differs:
 
-* every atom is its own BytePS tensor, ``bpp.<atom>``, declared and first pushed (BytePS's blocking
-  initialisation with every worker) at ``init`` time, in key order on every worker (BytePS numbers
-  tensors by declaration order, so the numbers agree, and no worker initialises one name while
-  another initialises a different one: the scheduled order differs between workers);
-* an atom is synchronised by copying its rows of the staged gradient into the atom's own buffer
-  and ``byteps_push_pull`` on that buffer, in place, summed (``is_average=False``, what dist_sync
-  does); the buffer is the atom's result;
+* every atom is its own BytePS tensor, declared and first pushed (BytePS's blocking initialisation
+  with every worker) at ``init`` time, in key order on every worker: BytePS numbers tensors by
+  declaration order, so the numbers agree;
+* an atom is synchronised by ``push_pull`` on its own buffer, in place, summed (what dist_sync does);
 * BytePS servers only sum: the optimizer runs on the workers (``is_capable('optimizer')`` is False,
   so the Trainer picks ``update_on_kvstore=False``);
-* ``init``/``broadcast`` = rank 0's value to every worker (a summed push_pull where the other ranks
-  contribute zeros, as ``byteps.mxnet.broadcast_parameters``); ``pull`` gives what the store holds
-  (the initial value, later the last sum).
+* ``init``/``broadcast`` give rank 0's value to every worker (a summed push_pull where the other
+  ranks contribute zeros); ``pull`` gives what the store holds (the initial value, later the last sum).
 
-BytePS itself (init, declaring, the alternating round names, push_pull, barrier, shutdown, the private
-``BYTEPS_SOCKET_PATH``) is the torch backend's :class:`~byteps_prophet.backends.byteps_ps.BytePSTransport`,
-over ``byteps.mxnet``. ``close`` also calls ``byteps.mxnet.shutdown()`` (not when the transport was
-made with ``init=False`` over a BytePS the caller initialised).
-Do not import ``byteps.torch`` in the same process (both plugins crash at exit, docs/BYTEPS.md).
+BytePS itself is :class:`~byteps_prophet.backends.byteps_ps.BytePSTransport` over ``byteps.mxnet``;
+``close`` also calls ``byteps.mxnet.shutdown()`` unless the transport was made with ``init=False``.
+Do not import ``byteps.torch`` in the same process (docs/BYTEPS.md).
 """
 from __future__ import annotations
 
@@ -41,7 +35,6 @@ import mxnet as mx
 from byteps_prophet.backends.byteps_ps import BytePSTransport
 from byteps_prophet.core import Settings
 from byteps_prophet.errors import UserError
-from byteps_prophet.mxnet.gates import copy_raw
 from byteps_prophet.mxnet.kvstore import ScheduledKVStore
 
 INIT_THREADS = 16  # names initialised at once (each a blocking round trip with every worker)
@@ -55,11 +48,8 @@ def create_byteps_kvstore(settings: Settings | None = None, **kwargs) -> "BytePS
 class BytePSScheduledKVStore(ScheduledKVStore):
     """ScheduledKVStore whose atoms are synchronised by ``byteps.mxnet`` push_pull."""
 
-    # Every atom is a BytePS tensor with its own pipeline on the workers and the servers. Atoms of
-    # ByteScheduler's partition make a step under the credit ByteScheduler's, message for message:
-    # resnet b128 1 Gbit/s (compute-bound) Prophet / FIFO 0.996x with them, 0.930-0.981x with 250 k;
-    # transformer --width 0.6 200 Mbit/s Prophet / BS 1.307x with them, 1.364x with 250 k (docs/DESIGN.md,
-    # "ByteScheduler's partition for Prophet's queue on BytePS").
+    # Prophet's atom is ByteScheduler's partition: every atom is a BytePS tensor with its own
+    # pipeline (docs/DESIGN.md, "ByteScheduler's partition for Prophet's queue on BytePS").
     atoms_per_partition = 1
     engine_name = "byteps"
 
@@ -100,12 +90,11 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         """Declare the key's atoms now (in key order on every worker: BytePS numbers names by
         declaration order) and initialise them in the background.
 
-        A name's first push_pull initialises it on the servers: a blocking exchange with every
-        worker, about a second per name on a busy 2-core machine. So the first push_pulls (which
-        also broadcast rank 0's value: the others contribute zeros) run on ``INIT_THREADS``
-        threads, taken in key order: every worker starts them in the same order, so the smallest
-        unfinished name is always being initialised by every worker (no deadlock), and a model's
-        hundreds of atoms overlap their round trips. Pulls of the key wait behind an engine gate."""
+        A name's first push_pull initialises it on the servers, a blocking exchange with every worker,
+        and broadcasts rank 0's value (the others contribute zeros). These run on ``INIT_THREADS``
+        threads in key order on every worker, so the smallest unfinished name is always being
+        initialised by every worker (no deadlock) and the atoms overlap their round trips. Pulls of
+        the key wait behind an engine gate."""
         real: BytePSTransport = self._real
         bufs, dummies = [], []
         with self._lock:
@@ -133,7 +122,7 @@ class BytePSScheduledKVStore(ScheduledKVStore):
     def _init_done(self, entry, deadline=None) -> None:
         for future in getattr(entry, "init_futures", ()):
             while True:
-                self._raise_error()
+                self._waits.raise_error()
                 try:
                     future.result(timeout=0.5)
                     break
@@ -145,15 +134,11 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         entry.init_futures, entry.init_bufs = [], []
 
     def _pull_one(self, key, outs: list, priority: int) -> None:
-        entry = self._entry(key)
+        entry = self._keys[key]
         if entry.last is not None:
-            self._wait(entry.last.done)
+            self._waits.wait(entry.last.done)
         if not getattr(entry, "init_futures", None):
-            results = entry.init_values if entry.last is None else entry.abufs
-            for out in outs:
-                rows = out.reshape(entry.shape)
-                for (row_start, row_end, _), buf in zip(entry.atoms, results):
-                    buf.copyto(rows[row_start:row_end])
+            entry.copy_into(outs, entry.init_values if entry.last is None else entry.atom_bufs)
             return
         # Still initialising: hold the outputs with a gate (later readers wait for it, nothing else
         # does) and fill them when the key's first push_pulls are through.
@@ -167,22 +152,16 @@ class BytePSScheduledKVStore(ScheduledKVStore):
                 for buf in bufs:
                     buf.wait_to_read()
             except BaseException as err:  # noqa: BLE001 - surfaced on the next call
-                self._fail(err)
+                self._waits.fail(err)
 
-            def deliver():
-                for out in outs:
-                    rows = out.reshape(entry.shape)
-                    for (row_start, row_end, _), buf in zip(entry.atoms, bufs):
-                        copy_raw(buf, rows[row_start:row_end] if len(entry.atoms) > 1 else rows)
-
-            self._gate.release(token, deliver)
+            self._gate.release(token, lambda: entry.copy_into(outs, bufs, raw=True))
 
         self._init_waiter.submit(fill)
 
     def _register(self, key, values, outs, priority) -> None:
-        entry = self._entry(key)
+        entry = self._keys[key]
         if getattr(entry, "init_futures", None):
-            with self._registering():  # may take seconds: not an idle end of the step
+            with self._probe.registering():  # may take seconds: not an idle end of the step
                 self._init_done(entry)  # a first scheduled push_pull must not be the name's init
         super()._register(key, values, outs, priority)
 
@@ -198,11 +177,13 @@ class BytePSScheduledKVStore(ScheduledKVStore):
         uses the second name)."""
         self._real.push_pull(self._real.next_round(atom_key), buf, average=False, priority=priority)
 
-    def close(self) -> None:
+    def close(self, alone: bool = False) -> None:
+        """As the store's; ``alone`` also leaves BytePS to its own exit handler, which shuts down
+        without meeting the other workers (patch 0015)."""
         try:
-            super().close()
+            super().close(alone)
         finally:
             if self._init_pool is not None:
-                self._init_pool.shutdown(wait=True)
-            self._init_waiter.shutdown(wait=True)
-            self._real.shutdown()
+                self._init_pool.shutdown(wait=not alone)
+            self._init_waiter.shutdown(wait=not alone)
+            self._real.shutdown(alone=alone)

@@ -58,18 +58,34 @@ class EngineGate:
         self._started: dict[int, tuple[int, int, int]] = {}
         self._released: dict[int, Callable[[], None]] = {}
         self._errors: list[BaseException] = []
+        self._unreleased: set[int] = set()
         self._fn = _ASYNC_FN(self._on_start)  # keep a reference for the library's lifetime
 
     def hold(self, arrays: Sequence[mx.nd.NDArray]) -> int:
         token = next(self._tokens)
+        with self._lock:
+            self._unreleased.add(token)
         _push_async(self._fn, token, [], arrays, None, b"byteps_prophet_gate")
         return token
 
     def release(self, token: int, action: Callable[[], None] | None = None) -> None:
+        """Run ``action`` under the gate, then open it (a gate already released: nothing)."""
+        with self._lock:
+            if token not in self._unreleased:
+                return
+            self._unreleased.discard(token)
         action = action or (lambda: None)
         callback = self._meet(token, self._released, action, self._started)
         if callback is not None:
             self._finish(callback, action)
+
+    def open_all(self) -> None:
+        """Open every gate not released yet, with no action: a process leaving on an error lets the
+        engine drain (MXNet waits for every pushed op at exit) without the results it will not use."""
+        with self._lock:
+            tokens = list(self._unreleased)
+        for token in tokens:
+            self.release(token)
 
     @property
     def open_gates(self) -> int:

@@ -61,10 +61,16 @@ class ScheduledGradients:
             self.store.pushpull(i, grad, out=grad, priority=-i)
 
     def close(self) -> None:
+        """At exit: the last step's rounds finish, then the store closes. After an unhandled exception
+        (``sys.last_value`` set) the store closes alone, waiting for nothing (ScheduledKVStore.close)."""
         if self._closed:
             return
         self._closed = True
+        alone = getattr(sys, "last_value", None) is not None
         try:
+            if alone:
+                self.store.close(alone=True)
+                return
             self.store.flush(timeout=CLOSE_TIMEOUT_S)
             self.store.close()
             if self.store.leader:  # what was scheduled, in one line

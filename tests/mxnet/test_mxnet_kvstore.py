@@ -24,7 +24,7 @@ from byteps_prophet.core.trace import events  # noqa: E402
 from byteps_prophet.errors import ConfigError  # noqa: E402
 from byteps_prophet.mxnet.gates import EngineGate, copy_raw  # noqa: E402
 from byteps_prophet.mxnet import kvstore as skv  # noqa: E402
-from byteps_prophet.mxnet.kvstore import atom_elements, atom_ranges  # noqa: E402
+from byteps_prophet.mxnet.atoms import atom_elements, atom_ranges  # noqa: E402
 from byteps_prophet.cluster.loopback_mxnet import run_local  # noqa: E402
 from params_check import assert_every_parameter_trained, run_report  # noqa: E402
 from trace_check import assert_plan_engaged  # noqa: E402
@@ -148,7 +148,7 @@ def test_close_ends_a_synchronisation_that_never_finishes_in_bounded_time():
     run once hung in the forward-order test's ``close`` after its ``flush(timeout=60)`` had failed)."""
     kv = skv.create("local", settings=Settings(scheduler="fifo", timeout=1.0))
     stuck = threading.Event()
-    kv._transfer = lambda atom_key, buf, priority: stuck.wait(120)
+    kv._atoms.transfer = lambda atom_key, buf, priority: stuck.wait(120)
     kv.init(3, mx.nd.ones((10, 4)))
     kv.pushpull(3, mx.nd.ones((10, 4)), out=mx.nd.zeros((10, 4)))
     started = time.monotonic()
@@ -156,13 +156,38 @@ def test_close_ends_a_synchronisation_that_never_finishes_in_bounded_time():
         with pytest.raises(TimeoutError, match="did not finish in time"):
             kv.close()
         assert time.monotonic() - started < 30
-        assert kv._stopping
+        assert kv._probe.stopping
     finally:
         stuck.set()
     deadline = time.monotonic() + 10  # the transfer returned: its gate opens, no engine op left pending
     while kv._gate.open_gates and time.monotonic() < deadline:
         time.sleep(0.05)
     assert kv._gate.open_gates == 0
+
+
+def test_close_alone_waits_for_nothing_and_opens_the_gates():
+    """``close(alone=True)`` (a process leaving on an error, ``close_all`` with ``sys.last_value``
+    set): a transfer that never returns is not waited for, nothing is raised, the engine gates open
+    without their results, and MXNet's store is abandoned, never freed (freeing meets the peers)."""
+    kv = skv.create("local", settings=Settings(scheduler="fifo", timeout=30.0))
+    stuck = threading.Event()
+    kv._atoms.transfer = lambda atom_key, buf, priority: stuck.wait(120)
+    kv.init(3, mx.nd.ones((10, 4)))
+    out = mx.nd.zeros((10, 4))
+    kv.pushpull(3, mx.nd.ones((10, 4)) * 2, out=out)
+    real = kv._real
+    started = time.monotonic()
+    try:
+        kv.close(alone=True)
+        assert time.monotonic() - started < 10
+        assert kv._probe.stopping and real.handle is None and isinstance(kv._real, skv._LeftStore)
+        deadline = time.monotonic() + 10
+        while kv._gate.open_gates and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert kv._gate.open_gates == 0
+        assert out.asnumpy().tolist() == [[0.0] * 4] * 10  # opened without the result
+    finally:
+        stuck.set()
 
 
 @contextlib.contextmanager
@@ -209,7 +234,7 @@ def test_a_step_closed_idle_mid_iteration_neither_deadlocks_nor_changes_the_math
     split = 0
     for _ in range(12):
         with _trained_dense_stack(0.0003) as (net, _, kv):
-            params, split = _parameters(net), split + (kv._iteration > 3)  # more steps than iterations
+            params, split = _parameters(net), split + (kv._probe.iteration > 3)  # more steps than iterations
         for got, want in zip(params, reference):
             np.testing.assert_array_equal(got, want)
     assert split, "no iteration was split: the test did not exercise the continuation"
@@ -474,6 +499,23 @@ def test_dead_worker_ends_the_run_naming_it(tmp_path, dying):
     assert any("dying at step 3" in line for line in result.output[result.failed])
     assert time.monotonic() - t0 < 100
     assert "exited with status 3" in result.reason
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("failing", ["1", "0"])
+def test_a_worker_leaving_on_an_exception_ends_the_run_naming_it(tmp_path, failing):
+    """A worker whose script raises leaves alone (``close_all``): it waits for nothing and meets no
+    peer on its way out (it hung at exit before, in the barrier of MXNet's store), so it exits at
+    once, while the others may be blocked on it, and the launcher names it. Its status is the error's
+    (1), or SIGABRT's where ps-lite's threads, left running since the store is abandoned, abort at exit."""
+    env = {"BYTEPS_SCHEDULER": "prophet", "BPP_STEPS": "50", "BPP_RAISE_AT": f"3:{failing}"}
+    t0 = time.monotonic()
+    result = run_local([sys.executable, WORKER], workers=2, env=env, timeout=120)
+    assert result.failed == f"worker-{failing}", run_report(result)
+    assert result.returncode in (1, 134), run_report(result)
+    assert any("raising at step 3" in line for line in result.output[result.failed])
+    assert time.monotonic() - t0 < 60, run_report(result)
 
 
 @pytest.mark.slow

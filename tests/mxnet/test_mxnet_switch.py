@@ -29,6 +29,28 @@ def _clean_env(**extra) -> dict:
     return env
 
 
+def test_exit_after_an_unhandled_exception_closes_the_store_alone(monkeypatch):
+    """At exit after an unhandled exception (``sys.last_value`` set) the trainer's store closes alone:
+    no flush waiting for the last step's rounds, which the other workers may never complete."""
+    from byteps_prophet.mxnet.trainer import ScheduledGradients
+
+    calls = []
+
+    class Store:
+        def flush(self, timeout=None):
+            calls.append("flush")
+
+        def close(self, alone=False):
+            calls.append(("close", alone))
+
+    gradients = object.__new__(ScheduledGradients)
+    gradients.store, gradients._closed = Store(), False
+    monkeypatch.setattr(sys, "last_value", RuntimeError("the script failed"), raising=False)
+    gradients.close()
+    gradients.close()
+    assert calls == [("close", True)]
+
+
 def test_compression_with_scheduler_is_one_line_error():
     code = ("from byteps_prophet.mxnet.trainer import ScheduledGradients; "
             "ScheduledGradients({'compressor': 'onebit'})")

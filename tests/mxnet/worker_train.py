@@ -6,7 +6,8 @@ grad_req='null' and a block not in the graph), BPP_ON_KV=0 (optimizer on the wor
 BPP_BACKEND=byteps (the scheduled store over byteps.mxnet; optimizer on the worker),
 BPP_STALL=step:worker (that worker's main thread stalls 0.4 s right after its first pushpull of that
 step, as a descheduled thread on a loaded machine would: its store closes the step there),
-BPP_MANY=N (N more parameters of 10 elements each, added to the output: N + 6 tensors)."""
+BPP_MANY=N (N more parameters of 10 elements each, added to the output: N + 6 tensors),
+BPP_RAISE_AT=step:worker (the worker with that DMLC_WORKER_ID raises an unhandled exception at that step)."""
 import os
 import sys
 
@@ -88,7 +89,10 @@ trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "mo
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 rng = np.random.RandomState(100 + kv.rank)
 die = os.environ.get("BPP_DIE_AT")
+fail = os.environ.get("BPP_RAISE_AT")
 for step in range(steps):
+    if fail and fail.split(":")[1] == os.environ.get("DMLC_WORKER_ID") and int(fail.split(":")[0]) == step:
+        raise RuntimeError(f"worker {kv.rank} raising at step {step}")
     if die and die.split(":")[1] == os.environ.get("DMLC_WORKER_ID") and int(die.split(":")[0]) == step:
         print(f"worker {kv.rank} dying at step {step}", flush=True)
         os._exit(3)
