@@ -1,7 +1,7 @@
 """The A/B runner: FIFO, ByteScheduler (default and tuned credit) and Prophet, interleaved, on real
 training in the local cluster. See docs/AB.md.
 
-One *run* = one cluster job: every worker runs ``python -m byteps_prophet.<framework>.bench`` with the
+One *run* = one cluster job: every worker runs the framework's benchmark (``ab.workloads.benches``) with the
 same arguments and one scheduler, and worker-0 prints one JSON line with ``samples_per_s``. Runs are
 interleaved: each round runs every variant once, in an order rotated from round to round, on the same
 cluster (same namespaces and links), so slow drift of the machine hits all variants alike. Before the
@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from byteps_prophet.ab.stats import LEVEL, paired_ratios, speedup
+from byteps_prophet.ab.workloads.benches import BENCHES
 from byteps_prophet.cluster.compose import GLOO_COMPOSE
 from byteps_prophet.errors import UserError
 
@@ -129,7 +130,7 @@ class ABConfig:
 def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, variant: str = "",
                   tune_bucket: bool = False, bucket_mb: float | None = None) -> list[str]:
     backend = "local" if variant == COMPUTE_ONLY else cfg.backend
-    argv = [sys.executable, "-m", f"byteps_prophet.ab.workloads.{cfg.framework}_bench", "--model", cfg.model,
+    argv = [sys.executable, "-m", BENCHES[cfg.framework].__name__, "--model", cfg.model,
             "--batch", str(cfg.batch), "--steps", str(cfg.steps), "--warmup", str(cfg.warmup),
             "--backend", backend, "--workers", str(cfg.workers), "--width", str(cfg.width)]
     if cfg.framework == "torch":

@@ -231,3 +231,14 @@ def test_the_plots_variant_labels_do_not_overlap():
     boxes = [label.get_window_extent() for label in fig.axes[0].get_xticklabels()]
     assert len(boxes) == len(variants)
     assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), [(b.x0, b.x1) for b in boxes]
+
+
+def test_importing_the_runner_loads_no_framework():
+    """The runner names its workloads by import; torch and mxnet load only when a benchmark runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, byteps_prophet.ab.runner, byteps_prophet.ab.workloads.train_entrypoint; "
+            "print(sorted(m for m in ('torch', 'mxnet') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc
