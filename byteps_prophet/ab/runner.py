@@ -33,11 +33,10 @@ from byteps_prophet.cluster.compose import GLOO_COMPOSE
 from byteps_prophet.errors import UserError
 
 VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
-# Not schedules, opt-in references for the best step possible (docs/ALGORITHMS.md section 4): every worker
-# trains alone with no communication at all, all at once on the same machine; or every worker only
-# synchronises the model's gradients as the engine does unscheduled, with no compute (not for
-# BytePS-MXNet). A parameter-server schedule that cuts tensors so push and pull overlap can beat the
-# second (measured on the KVStore, docs/history/AB-notebook.md section 7); compute alone and the nominal link it cannot.
+# Not schedules, opt-in references (docs/ALGORITHMS.md, "4. The limit"): every worker trains alone with
+# no communication at all, all at once on the same machine (a bound on every schedule); or every
+# worker only synchronises the model's gradients as the engine does unscheduled, with no compute (not
+# for BytePS-MXNet; a reference, not a bound: a schedule that cuts tensors can pass it).
 COMPUTE_ONLY, COMM_ONLY = "compute_only", "comm_only"
 DDP, DDP_TUNED, BYTEPS_STOCK = "ddp", "ddp_tuned", "byteps_stock"
 BASELINES = (DDP, DDP_TUNED, BYTEPS_STOCK)
@@ -232,7 +231,7 @@ class ABRunner:
 
     def _one(self, cluster, variant: str, tune: bool = False, tag: str = "", tune_bucket: bool = False) -> dict:
         cfg = self.cfg
-        reference = variant in REFERENCES  # a limit, measured at the starting bandwidth
+        reference = variant in REFERENCES  # measured at the starting bandwidth, as the limit's link
         tune = tune or tune_bucket
         schedule = list(cfg.bandwidth_schedule) if not tune and not reference else []
         changes: list[tuple[float, str]] = []
@@ -374,25 +373,28 @@ def summarize(cfg: ABConfig, runs: list[dict], *, netns: bool | None, environmen
             speedups[f"{a}/{b}"] = speedup(ratios, results[a]["samples_per_s"] / results[b]["samples_per_s"])
     config = asdict(cfg)
     config["variants"] = list(config["variants"])
+    bound, defects = limit(cfg, runs, results, netns)
+    warnings = list(dict.fromkeys([*warnings, *defects]))  # a pooled output's defects are found again
     out = {"config": config, "environment": environment, "netns": netns, "tcp_congestion_control": tcp_congestion,
-           "results": results, "speedups": speedups, "limit": limit(cfg, runs, results, netns),
+           "results": results, "speedups": speedups, "limit": bound,
            "tuning": tuning, "warnings": warnings, "runs": runs}
     if ddp_tuning is not None:
         out["ddp_tuning"] = ddp_tuning
     return out
 
 
-def limit(cfg: ABConfig, runs: list[dict], results: dict, netns: bool | None) -> dict | None:
-    """The most samples/s a schedule can expect here (docs/ALGORITHMS.md section 4): the slowest of
-    compute alone and communication alone (the compute_only and comm_only runs' medians) and the
-    link's nominal time for one step's bytes (no protocol overhead: optimistic; left out under a
-    bandwidth schedule or without shaping). Compute alone and the nominal link bound every
-    schedule; communication alone is the engine's own unscheduled synchronisation, which a
-    parameter-server schedule that overlaps push and pull can pass (share above 100%)."""
+def limit(cfg: ABConfig, runs: list[dict], results: dict, netns: bool | None) -> tuple[dict | None, list[str]]:
+    """The most samples/s any schedule can reach here (docs/ALGORITHMS.md, "4. The limit"), and the
+    defects it shows. The limit is the least of the true upper bounds measured: compute alone (the
+    compute_only runs' median; no schedule computes faster than with no communication) and the
+    busiest link's bytes per step at the link's shaped rate (no protocol overhead; left out under a
+    bandwidth schedule or without shaping). comm_only is no bound: it is the engine's unscheduled
+    synchronisation, which a schedule that cuts tensors and overlaps push and pull can pass; it is a
+    reference among the results. A variant above the limit means a bound was wrong: a defect of the
+    tool, said in the warnings, never a share."""
     found: dict = {}
-    for name in REFERENCES:
-        if name in results:
-            found[name.replace("_only", "") + "_samples_per_s"] = results[name]["samples_per_s"]
+    if COMPUTE_ONLY in results:
+        found["compute_samples_per_s"] = results[COMPUTE_ONLY]["samples_per_s"]
     model_bytes = next((run["param_bytes"] for run in runs if run.get("param_bytes")), None)
     if model_bytes and not cfg.bandwidth_schedule and netns:
         from byteps_prophet.units import parse_bandwidth
@@ -401,11 +403,32 @@ def limit(cfg: ABConfig, runs: list[dict], results: dict, netns: bool | None) ->
         step_s = found["link_bytes_per_step"] * 8 / parse_bandwidth(cfg.bandwidth)
         found["link_samples_per_s"] = cfg.workers * cfg.batch / step_s
     if not found:
-        return None
-    found["samples_per_s"] = min(v for k, v in found.items() if k.endswith("samples_per_s"))
-    found["share"] = {name: res["samples_per_s"] / found["samples_per_s"]
-                      for name, res in results.items() if name not in REFERENCES}
-    return found
+        return None, []
+    found["samples_per_s"] = min(found[key] for key in BOUNDS if key in found)
+    shares = {name: res["samples_per_s"] / found["samples_per_s"]
+              for name, res in results.items() if name not in REFERENCES}
+    found["share"] = {name: share for name, share in shares.items() if share <= 1.0}
+    defects = [f"{LIMIT_DEFECT} {name} ran {results[name]['samples_per_s']:.2f} samples/s, {share:.0%} of the "
+               f"limit {found['samples_per_s']:.2f} ({describe_bounds(found)}): a bound it passes is not a bound, "
+               f"so this limit is wrong here and no share of it is reported"
+               for name, share in shares.items() if share > 1.0]
+    return found, defects
+
+
+# The limit's true upper bounds, by their keys in the limit's JSON.
+BOUNDS = ("compute_samples_per_s", "link_samples_per_s")
+# How a warning that a variant passed the limit begins (the table prints those after the limit).
+LIMIT_DEFECT = "limit defect:"
+
+
+def describe_bounds(limit: dict) -> str:
+    parts = []
+    if "compute_samples_per_s" in limit:
+        parts.append(f"compute alone {limit['compute_samples_per_s']:.2f}")
+    if "link_samples_per_s" in limit:
+        parts.append(f"link {limit['link_samples_per_s']:.2f} ({limit['link_bytes_per_step'] / 1e6:.3g} MB per step "
+                     f"on the busiest link)")
+    return "; ".join(parts)
 
 
 # What must agree for rounds of several A/Bs to be pooled: the experiment, not how many steps it timed.
@@ -507,16 +530,9 @@ def format_table(summary: dict) -> str:
                      f"(s per step: {sweep}); ddp: DDP's default 25 MB")
     limit = summary.get("limit")
     if limit:
-        parts = []
-        if "compute_samples_per_s" in limit:
-            parts.append(f"compute alone {limit['compute_samples_per_s']:.2f}")
-        if "comm_samples_per_s" in limit:
-            parts.append(f"communication alone {limit['comm_samples_per_s']:.2f}")
-        if "link_samples_per_s" in limit:
-            parts.append(f"link {limit['link_samples_per_s']:.2f} ({limit['link_bytes_per_step'] / 1e6:.3g} MB per step "
-                         f"on the busiest link)")
         share = ", ".join(f"{name} {value:.0%}" for name, value in limit["share"].items())
-        lines.append(f"limit: {limit['samples_per_s']:.2f} samples/s ({'; '.join(parts)}); reached: {share}")
+        lines.append(f"limit: {limit['samples_per_s']:.2f} samples/s ({describe_bounds(limit)}); reached: {share or '-'}")
+        lines += [f"warning: {w}" for w in summary.get("warnings", []) if w.startswith(LIMIT_DEFECT)]
     for key, s in summary["speedups"].items():
         lines.append(f"speedup {key:<34} median of per-round ratios {s['median']:.3f}x "
                      f"(min {s['min']:.3f}, max {s['max']:.3f}; {describe_interval(s)})")
