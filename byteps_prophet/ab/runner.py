@@ -55,7 +55,7 @@ BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
 MXNET_SCALABLE = ("vgg", "transformer", "mlp")  # = mxnet.models.SCALABLE, without importing mxnet
 # Besides the scheduling knobs the cluster passes through, the caller's variables that set the
 # frameworks' threads (MXNet's engine workers, OpenMP, MKL): each can move one schedule more than
-# another (docs/history/AB-notebook.md section 18), so the results name them.
+# another, so the results name them.
 RECORDED_PREFIXES = ("MXNET_", "OMP_", "MKL_", "KMP_")
 
 

@@ -149,7 +149,7 @@ class Agent:
         self.role.stop()
         status = self.verdict if self.verdict is not None else 128 + signum
         say(f"{self.name}: stopped from outside (SIGTERM); exit {status}")
-        os._exit(status)
+        raise SystemExit(status)  # unwinds the main thread (it has no other) from wherever it waits
 
     def command(self, session: int) -> list[str]:
         if session == 0 or self.role_name != "worker":
