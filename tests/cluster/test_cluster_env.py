@@ -7,7 +7,8 @@ import pytest
 
 from byteps_prophet import cli
 from byteps_prophet.cluster import netns
-from byteps_prophet.cluster.local import Cluster, ClusterSpec, _describe_exit
+from byteps_prophet.cluster.local import Cluster, ClusterSpec
+from byteps_prophet.cluster.processes import describe_exit
 from byteps_prophet.cluster.roles import (
     SELFTEST_COMMAND, SERVE_COMMAND, Topology, check_run_env, role_command, role_environment,
 )
@@ -132,9 +133,9 @@ def test_unstarted_cluster_refuses_runs_and_shaping():
 
 
 def test_exit_descriptions():
-    assert _describe_exit("worker-1", -9) == "worker-1 was killed by SIGKILL"
-    assert _describe_exit("worker-1", 137) == "worker-1 was killed by SIGKILL (status 137)"
-    assert _describe_exit("server-0", 3) == "server-0 exited with status 3"
+    assert describe_exit("worker-1", -9) == "worker-1 was killed by SIGKILL"
+    assert describe_exit("worker-1", 137) == "worker-1 was killed by SIGKILL (status 137)"
+    assert describe_exit("server-0", 3) == "server-0 exited with status 3"
 
 
 @pytest.mark.parametrize("argv, fragment", [
