@@ -54,7 +54,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from byteps_prophet.ab.runner import CHOICES, ABConfig, ABRunner, pool
+    from byteps_prophet.ab.report import pool
+    from byteps_prophet.ab.runner import CHOICES, ABConfig, ABRunner
     from byteps_prophet.errors import UserError
 
     if args.pool:
@@ -81,7 +82,7 @@ def run(args) -> int:
 
 
 def report(summary: dict, args) -> int:
-    from byteps_prophet.ab.runner import format_table, plot
+    from byteps_prophet.ab.report import format_table, plot
 
     if args.plot:
         plot(summary, args.plot)

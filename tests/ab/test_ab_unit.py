@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from byteps_prophet.ab.runner import (ABConfig, ABRunner, bench_command, format_table, link_bytes_per_step, parse_result,
-                                      figure, plot, run_environment, variant_env)
+from byteps_prophet.ab.report import figure, format_table, link_bytes_per_step, plot
+from byteps_prophet.ab.runner import ABConfig, ABRunner, bench_command, parse_result, run_environment, variant_env
 from byteps_prophet.errors import UserError
 
 
@@ -197,7 +197,7 @@ def test_a_variant_above_the_limit_is_a_defect_of_the_tool_not_a_share(tmp_path)
     assert "reached: bytescheduler 69%" in table and "prophet 106%" not in table.split("warning:")[0]
     assert f"warning: {defect}" in table
     # pooling finds the defect again without saying it twice
-    from byteps_prophet.ab.runner import pool
+    from byteps_prophet.ab.report import pool
 
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
     for path in paths:
