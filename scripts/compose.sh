@@ -178,7 +178,7 @@ compare() {
     down
     start=$SECONDS; rc=0
     out=$(cd "$ROOT" && "$PYTHON" -m byteps_prophet cluster run --engine "${ENGINE:-byteps}" \
-          --bandwidth "${LINK_BANDWIDTH:-1gbit}" -- python -m byteps_prophet.cluster.train 2>&1) || rc=$?
+          --bandwidth "${LINK_BANDWIDTH:-1gbit}" -- python -m byteps_prophet.ab.workloads.train_entrypoint 2>&1) || rc=$?
     printf '%-6s %-8s %14s %10s %6s\n' "$i" netns "$(samples <<<"$out")" "$((SECONDS - start))" "$rc"
   done
 }

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The main job on defaults: set up (when needed), then
 #   1. a REAL A/B on the local cluster: 2 PyTorch workers in network namespaces over tc-shaped
-#      1 Gbit/s links (where Prophet measured fastest on an idle machine, docs/RESULTS.md), VGG-style
+#      1 Gbit/s links (docs/RESULTS.md says why this rate), VGG-style
 #      model, gloo all-reduce; FIFO, ByteScheduler (default and tuned credit) and Prophet in
-#      interleaved rounds, with the two references of the best possible step (every worker
-#      computing alone, compute_only; only synchronising, comm_only), so the table says how close each
-#      schedule came to the best possible; table on stdout, plot
-#      out/demo_ab.png, progress on stderr. About 3 minutes on an idle 2-core machine; numbers from a
+#      interleaved rounds, with two references: every worker computing alone (compute_only, which
+#      with the link bounds the best possible step, so the table says how close each schedule came
+#      to it) and only synchronising (comm_only, the engine unscheduled); table on stdout, plot
+#      out/demo_ab.png, progress on stderr. A few minutes on an idle machine; numbers from a
 #      busy machine say little (docs/AB.md, "A fair comparison").
 #   2. the simulated comparison (seconds): the same scheduler classes on ResNet-50, 2 workers, ring
 #      all-reduce, 10 Gbit/s (docs/SIMULATOR.md).

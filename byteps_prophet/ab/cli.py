@@ -35,8 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--plot", default=None, metavar="PNG")
     p.add_argument("--variants", default=",".join(("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")),
                    help="comma-separated subset of fifo, bytescheduler, bytescheduler_tuned, prophet; and the "
-                        "limit's references, not run by default: compute_only (every worker trains alone, no "
-                        "communication), comm_only (only the gradients' synchronisation, no compute; not for mxnet/byteps); "
+                        "references, not run by default: compute_only (every worker trains alone, no "
+                        "communication; a bound of the limit), comm_only (only the gradients' synchronisation, no "
+                        "compute, not for mxnet/byteps; shown beside the limit, not a bound); "
                         "and what a torch user runs instead: ddp, ddp_tuned (torch DistributedDataParallel, default "
                         "bucket and the best of --bucket-sweep; torch/gloo), byteps_stock (BytePS's own optimizer; torch/byteps); "
                         "prophet_fused, prophet_unfused (Prophet with BYTEPS_PROPHET_FUSE=1 / 0 for that run); "
@@ -53,7 +54,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from byteps_prophet.ab.runner import CHOICES, ABConfig, ABRunner, pool
+    from byteps_prophet.ab.report import pool
+    from byteps_prophet.ab.runner import CHOICES, ABConfig, ABRunner
     from byteps_prophet.errors import UserError
 
     if args.pool:
@@ -80,7 +82,7 @@ def run(args) -> int:
 
 
 def report(summary: dict, args) -> int:
-    from byteps_prophet.ab.runner import format_table, plot
+    from byteps_prophet.ab.report import format_table, plot
 
     if args.plot:
         plot(summary, args.plot)

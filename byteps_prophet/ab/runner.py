@@ -1,7 +1,7 @@
 """The A/B runner: FIFO, ByteScheduler (default and tuned credit) and Prophet, interleaved, on real
 training in the local cluster. See docs/AB.md.
 
-One *run* = one cluster job: every worker runs ``python -m byteps_prophet.<framework>.bench`` with the
+One *run* = one cluster job: every worker runs the framework's benchmark (``ab.workloads.benches``) with the
 same arguments and one scheduler, and worker-0 prints one JSON line with ``samples_per_s``. Runs are
 interleaved: each round runs every variant once, in an order rotated from round to round, on the same
 cluster (same namespaces and links), so slow drift of the machine hits all variants alike. Before the
@@ -15,28 +15,28 @@ sweep found fastest: one tuning run before the rounds, as for the credit, ``--bu
 fires, BytePS cuts and queues them, no cross-worker order; the ``fifo`` variant on BytePS is not that:
 it is byteps_prophet's optimizer with FIFO order, rank 0's order followed by the others, and the
 layer-wise update and overlap).
+
+This module is what runs: the variants, the configuration and each run's command and environment,
+and the rounds. What the runs say (summary, limit, table, plot, pooling) is ``ab/report.py``.
 """
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
-from byteps_prophet.ab.stats import LEVEL, paired_ratios, speedup
+from byteps_prophet.ab.workloads.benches import BENCHES
 from byteps_prophet.cluster.compose import GLOO_COMPOSE
 from byteps_prophet.errors import UserError
 
 VARIANTS = ("fifo", "bytescheduler", "bytescheduler_tuned", "prophet")
-# Not schedules, opt-in references for the best step possible (docs/ALGORITHMS.md section 4): every worker
-# trains alone with no communication at all, all at once on the same machine; or every worker only
-# synchronises the model's gradients as the engine does unscheduled, with no compute (not for
-# BytePS-MXNet). A parameter-server schedule that cuts tensors so push and pull overlap can beat the
-# second (measured on the KVStore, docs/history/AB-notebook.md section 7); compute alone and the nominal link it cannot.
+# Not schedules, opt-in references (docs/ALGORITHMS.md, "4. The limit"): every worker trains alone with
+# no communication at all, all at once on the same machine (a bound on every schedule); or every
+# worker only synchronises the model's gradients as the engine does unscheduled, with no compute (not
+# for BytePS-MXNet; a reference, not a bound: a schedule that cuts tensors can pass it).
 COMPUTE_ONLY, COMM_ONLY = "compute_only", "comm_only"
 DDP, DDP_TUNED, BYTEPS_STOCK = "ddp", "ddp_tuned", "byteps_stock"
 BASELINES = (DDP, DDP_TUNED, BYTEPS_STOCK)
@@ -55,7 +55,7 @@ BACKENDS = {"torch": ("gloo", "byteps"), "mxnet": ("kvstore", "byteps")}
 MXNET_SCALABLE = ("vgg", "transformer", "mlp")  # = mxnet.models.SCALABLE, without importing mxnet
 # Besides the scheduling knobs the cluster passes through, the caller's variables that set the
 # frameworks' threads (MXNet's engine workers, OpenMP, MKL): each can move one schedule more than
-# another (docs/history/AB-notebook.md section 18), so the results name them.
+# another, so the results name them.
 RECORDED_PREFIXES = ("MXNET_", "OMP_", "MKL_", "KMP_")
 
 
@@ -129,7 +129,7 @@ class ABConfig:
 def bench_command(cfg: ABConfig, *, progress: bool = False, tune: bool = False, variant: str = "",
                   tune_bucket: bool = False, bucket_mb: float | None = None) -> list[str]:
     backend = "local" if variant == COMPUTE_ONLY else cfg.backend
-    argv = [sys.executable, "-m", f"byteps_prophet.ab.workloads.{cfg.framework}_bench", "--model", cfg.model,
+    argv = [sys.executable, "-m", BENCHES[cfg.framework].__name__, "--model", cfg.model,
             "--batch", str(cfg.batch), "--steps", str(cfg.steps), "--warmup", str(cfg.warmup),
             "--backend", backend, "--workers", str(cfg.workers), "--width", str(cfg.width)]
     if cfg.framework == "torch":
@@ -231,7 +231,7 @@ class ABRunner:
 
     def _one(self, cluster, variant: str, tune: bool = False, tag: str = "", tune_bucket: bool = False) -> dict:
         cfg = self.cfg
-        reference = variant in REFERENCES  # a limit, measured at the starting bandwidth
+        reference = variant in REFERENCES  # measured at the starting bandwidth, as the limit's link
         tune = tune or tune_bucket
         schedule = list(cfg.bandwidth_schedule) if not tune and not reference else []
         changes: list[tuple[float, str]] = []
@@ -323,6 +323,8 @@ class ABRunner:
         return self.summary()
 
     def summary(self) -> dict:
+        from byteps_prophet.ab.report import summarize  # the report reads this module's variants
+
         return summarize(self.cfg, self.runs, netns=getattr(self, "netns", None), environment=self.environment,
                          tuning=self.tuning, warnings=self.warnings, ddp_tuning=getattr(self, "ddp_tuning", None),
                          tcp_congestion=getattr(self, "tcp_congestion", None))
@@ -345,120 +347,6 @@ def network_summary(before: dict, after: dict) -> dict:
     return out
 
 
-PAIRS = (("prophet", "fifo"), ("prophet", "bytescheduler"), ("prophet", "bytescheduler_tuned"),
-         ("bytescheduler", "fifo"), ("bytescheduler_tuned", "fifo"),
-         # against what a torch user runs instead (BASELINES)
-         ("prophet", DDP), ("prophet", DDP_TUNED), ("fifo", DDP), ("bytescheduler", DDP),
-         ("bytescheduler_tuned", DDP), (DDP_TUNED, DDP), ("prophet", BYTEPS_STOCK), ("fifo", BYTEPS_STOCK),
-         ("bytescheduler", BYTEPS_STOCK),
-         ("prophet_fused", "prophet_unfused"), ("prophet_fused", "prophet"), ("prophet_fused", DDP),
-         ("prophet_unfused", DDP), ("prophet_fused", DDP_TUNED), ("prophet_unfused", DDP_TUNED),
-         ("prophet_overlap", "prophet"), ("bytescheduler_overlap", "bytescheduler"),
-         ("prophet_overlap", "bytescheduler_overlap"))
-
-
-def summarize(cfg: ABConfig, runs: list[dict], *, netns: bool | None, environment: dict, tuning: dict | None,
-              warnings: list[str], ddp_tuning: dict | None = None, tcp_congestion: str | None = None) -> dict:
-    """The A/B's JSON object: per variant its median samples/s and spread, per pair of variants the
-    median of their per-round ratios with its interval (stats.py), and the limit."""
-    results = {}
-    for variant in dict.fromkeys(run["variant"] for run in runs):
-        rates = [run["samples_per_s"] for run in runs if run["variant"] == variant]
-        results[variant] = {"samples_per_s": statistics.median(rates), "spread": max(rates) - min(rates),
-                            "min": min(rates), "max": max(rates), "runs": rates}
-    speedups = {}
-    for a, b in PAIRS:
-        ratios = paired_ratios(runs, a, b)
-        if ratios:
-            speedups[f"{a}/{b}"] = speedup(ratios, results[a]["samples_per_s"] / results[b]["samples_per_s"])
-    config = asdict(cfg)
-    config["variants"] = list(config["variants"])
-    out = {"config": config, "environment": environment, "netns": netns, "tcp_congestion_control": tcp_congestion,
-           "results": results, "speedups": speedups, "limit": limit(cfg, runs, results, netns),
-           "tuning": tuning, "warnings": warnings, "runs": runs}
-    if ddp_tuning is not None:
-        out["ddp_tuning"] = ddp_tuning
-    return out
-
-
-def limit(cfg: ABConfig, runs: list[dict], results: dict, netns: bool | None) -> dict | None:
-    """The most samples/s a schedule can expect here (docs/ALGORITHMS.md section 4): the slowest of
-    compute alone and communication alone (the compute_only and comm_only runs' medians) and the
-    link's nominal time for one step's bytes (no protocol overhead: optimistic; left out under a
-    bandwidth schedule or without shaping). Compute alone and the nominal link bound every
-    schedule; communication alone is the engine's own unscheduled synchronisation, which a
-    parameter-server schedule that overlaps push and pull can pass (share above 100%)."""
-    found: dict = {}
-    for name in REFERENCES:
-        if name in results:
-            found[name.replace("_only", "") + "_samples_per_s"] = results[name]["samples_per_s"]
-    model_bytes = next((run["param_bytes"] for run in runs if run.get("param_bytes")), None)
-    if model_bytes and not cfg.bandwidth_schedule and netns:
-        from byteps_prophet.units import parse_bandwidth
-
-        found["link_bytes_per_step"] = link_bytes_per_step(cfg, model_bytes)
-        step_s = found["link_bytes_per_step"] * 8 / parse_bandwidth(cfg.bandwidth)
-        found["link_samples_per_s"] = cfg.workers * cfg.batch / step_s
-    if not found:
-        return None
-    found["samples_per_s"] = min(v for k, v in found.items() if k.endswith("samples_per_s"))
-    found["share"] = {name: res["samples_per_s"] / found["samples_per_s"]
-                      for name, res in results.items() if name not in REFERENCES}
-    return found
-
-
-# What must agree for rounds of several A/Bs to be pooled: the experiment, not how many steps it timed.
-POOLED_CONFIG = ("framework", "backend", "model", "workers", "bandwidth", "bandwidth_schedule", "warmup",
-                 "batch", "width", "threads")
-
-
-def pool(paths: list[str]) -> dict:
-    """One summary of the rounds of several ``ab --json`` outputs of the same configuration and
-    environment (each file's rounds stay paired within themselves)."""
-    loaded = []
-    for path in paths:
-        try:
-            with open(path) as f:
-                summary = json.load(f)
-            config, runs = summary["config"], summary["runs"]
-        except OSError as err:
-            raise UserError(f"--pool {path}: cannot read it ({err.strerror})") from None
-        except (ValueError, KeyError, TypeError):
-            raise UserError(f"--pool {path}: not the JSON of `byteps-prophet ab --json`") from None
-        loaded.append((path, summary, config, runs))
-    first_path, first, first_config, _ = loaded[0]
-    for path, summary, config, _ in loaded[1:]:
-        for key in POOLED_CONFIG:
-            if config.get(key) != first_config.get(key):
-                raise UserError(f"--pool {path}: {key} {config.get(key)!r} differs from {first_path}'s "
-                                f"{first_config.get(key)!r}; valid: outputs of the same configuration")
-        if summary.get("environment") != first.get("environment"):
-            raise UserError(f"--pool {path}: its environment {summary.get('environment')} differs from "
-                            f"{first_path}'s {first.get('environment')}; valid: outputs run with the same knobs")
-    runs, offset, sources = [], 0, []
-    for path, summary, _, file_runs in loaded:
-        rounds = sorted({run["round"] for run in file_runs})
-        renumber = {r: offset + k for k, r in enumerate(rounds)}
-        runs += [dict(run, round=renumber[run["round"]]) for run in file_runs]
-        offset += len(rounds)
-        sources.append({"path": path, "rounds": len(rounds), "steps": summary["config"].get("steps"),
-                        "tuning": summary.get("tuning"), "ddp_tuning": summary.get("ddp_tuning")})
-    fields = ABConfig.__dataclass_fields__
-    cfg = ABConfig(**{k: v for k, v in first_config.items() if k in fields})
-    cfg.variants = tuple(dict.fromkeys(run["variant"] for run in runs))
-    cfg.rounds = offset
-    netns = all(summary.get("netns") for _, summary, _, _ in loaded)
-    warnings = list(dict.fromkeys(w for _, summary, _, _ in loaded for w in summary.get("warnings", [])))
-    used = {summary.get("tcp_congestion_control") for _, summary, _, _ in loaded}
-    if len(used) > 1:
-        raise UserError(f"--pool: the outputs ran under different TCP congestion controls "
-                        f"({', '.join(sorted(u or 'unknown' for u in used))}); valid: outputs of one")
-    out = summarize(cfg, runs, netns=netns, environment=first.get("environment", {}), tuning=None,
-                    warnings=warnings, tcp_congestion=used.pop())
-    out["pooled_from"] = sources  # each output's tuned credit is its own
-    return out
-
-
 def run_environment(environ=None) -> dict[str, str]:
     """What of the caller's environment every run inherits and that changes how it trains or
     schedules (``BYTEPS_SCHEDULER`` is each variant's own)."""
@@ -467,101 +355,3 @@ def run_environment(environ=None) -> dict[str, str]:
     env = os.environ if environ is None else environ
     return {k: env[k] for k in sorted(env)
             if k != "BYTEPS_SCHEDULER" and (is_passthrough(k) or k.startswith(RECORDED_PREFIXES))}
-
-
-def link_bytes_per_step(cfg: ABConfig, model_bytes: int) -> float:
-    """Bytes the busiest link carries in each direction per step: a ring all-reduce moves
-    2(n-1)/n of the model over every worker's link; the one parameter server's link carries every
-    worker's push in and every pull out."""
-    if cfg.backend == "gloo":
-        return 2 * (cfg.workers - 1) / cfg.workers * model_bytes
-    return cfg.workers * model_bytes
-
-
-def format_table(summary: dict) -> str:
-    cfg = summary["config"]
-    head = (f"A/B {cfg['framework']}/{cfg['backend']} {cfg['model']} x{cfg['workers']} workers, batch {cfg['batch']}, "
-            f"{cfg['bandwidth']}" + (f" -> {' -> '.join(cfg['bandwidth_schedule'])}" if cfg["bandwidth_schedule"] else "")
-            + f", {cfg['steps']} steps x {cfg['rounds']} rounds" + ("" if summary.get("netns") else " (LOOPBACK, unshaped)")
-            + (f", TCP {summary['tcp_congestion_control']}" if summary.get("tcp_congestion_control") else ""))
-    lines = [head]
-    if summary.get("pooled_from"):
-        lines.append("pooled: " + ", ".join(f"{src['path']} ({src['rounds']} rounds of {src['steps']} steps)"
-                                            for src in summary["pooled_from"]))
-    if summary.get("environment"):
-        lines.append("environment: " + " ".join(f"{k}={v}" for k, v in summary["environment"].items()))
-    lines += [f"{'scheduler':<22}{'samples/s (median)':>20}{'spread (max-min)':>18}{'vs fifo':>9}"]
-    fifo = summary["results"].get("fifo", {}).get("samples_per_s")
-    for name, res in summary["results"].items():
-        ratio = f"{res['samples_per_s'] / fifo:.3f}x" if fifo else "-"
-        lines.append(f"{name:<22}{res['samples_per_s']:>20.2f}{res['spread']:>18.2f}{ratio:>9}")
-    if summary.get("tuning"):
-        t = summary["tuning"]
-        lines.append(f"tuned credit: {t.get('best_credit')} elements ({len(t.get('probes', []))} probes, "
-                     f"bounds {t.get('credit_bounds')})")
-    if summary.get("ddp_tuning"):
-        t = summary["ddp_tuning"]
-        sweep = ", ".join(f"{mb:g} MB {s:.3f} s" for mb, s in t.get("probes", []))
-        lines.append(f"ddp_tuned bucket: {t.get('best_bucket_mb'):g} MB, the fastest of the sweep "
-                     f"(s per step: {sweep}); ddp: DDP's default 25 MB")
-    limit = summary.get("limit")
-    if limit:
-        parts = []
-        if "compute_samples_per_s" in limit:
-            parts.append(f"compute alone {limit['compute_samples_per_s']:.2f}")
-        if "comm_samples_per_s" in limit:
-            parts.append(f"communication alone {limit['comm_samples_per_s']:.2f}")
-        if "link_samples_per_s" in limit:
-            parts.append(f"link {limit['link_samples_per_s']:.2f} ({limit['link_bytes_per_step'] / 1e6:.3g} MB per step "
-                         f"on the busiest link)")
-        share = ", ".join(f"{name} {value:.0%}" for name, value in limit["share"].items())
-        lines.append(f"limit: {limit['samples_per_s']:.2f} samples/s ({'; '.join(parts)}); reached: {share}")
-    for key, s in summary["speedups"].items():
-        lines.append(f"speedup {key:<34} median of per-round ratios {s['median']:.3f}x "
-                     f"(min {s['min']:.3f}, max {s['max']:.3f}; {describe_interval(s)})")
-    return "\n".join(lines)
-
-
-def describe_interval(pair: dict) -> str:
-    """How sure a speedup's median is, in words (stats.py): its interval, and too few rounds said as such."""
-    interval, rounds = pair["interval"], pair["rounds"]
-    span = f"{interval['low']:.3f}-{interval['high']:.3f}"
-    if interval["confidence"] >= LEVEL:
-        return f"{LEVEL:.0%} interval {span} over {rounds} rounds"
-    return f"the {rounds} rounds' range {span} holds the median with {interval['confidence']:.0%}; 6 rounds give {LEVEL:.0%}"
-
-
-def plot(summary: dict, path: str) -> None:
-    import matplotlib.pyplot as plt
-
-    fig = figure(summary)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def figure(summary: dict):
-    """The A/B's bar chart: each variant's median samples/s with its min-max, and the limit."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(summary["results"])
-    med = [summary["results"][n]["samples_per_s"] for n in names]
-    lo = [m - summary["results"][n]["min"] for n, m in zip(names, med)]
-    hi = [summary["results"][n]["max"] - m for n, m in zip(names, med)]
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.25 * len(names)), 4))
-    colors = {"fifo": "#888", "bytescheduler": "#59c", "bytescheduler_tuned": "#37a", "prophet": "#d62",
-              COMPUTE_ONLY: "#ccc", COMM_ONLY: "#ccc", DDP: "#6a6", DDP_TUNED: "#383", BYTEPS_STOCK: "#aaa"}
-    ax.bar(range(len(names)), med, yerr=[lo, hi], capsize=6, color=[colors.get(n, "#888") for n in names])
-    ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names])  # long names on two lines
-    limit = summary.get("limit")
-    if limit:
-        ax.axhline(limit["samples_per_s"], color="k", linestyle="--", linewidth=1)
-        ax.annotate("limit", (len(names) - 0.5, limit["samples_per_s"]), ha="right", va="bottom", fontsize=8)
-    cfg = summary["config"]
-    ax.set_ylabel("samples/s (median, min-max)")
-    ax.set_title(f"{cfg['model']} {cfg['framework']}/{cfg['backend']} x{cfg['workers']} @ {cfg['bandwidth']}"
-                 + (" -> " + " -> ".join(cfg["bandwidth_schedule"]) if cfg["bandwidth_schedule"] else ""))
-    fig.tight_layout()
-    return fig

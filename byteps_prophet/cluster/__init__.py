@@ -8,7 +8,7 @@ Public API (imported lazily, so ``python -m byteps_prophet.cluster.serve`` stays
 from __future__ import annotations
 
 _EXPORTS = {
-    "Cluster": "local", "ClusterSpec": "local", "Job": "local", "RunResult": "local", "Host": "local",
+    "Cluster": "local", "ClusterSpec": "local", "Job": "processes", "RunResult": "processes", "Host": "local",
     "parse_bandwidth": "byteps_prophet.units", "parse_latency": "byteps_prophet.units",
     "format_bandwidth": "byteps_prophet.units", "format_latency": "byteps_prophet.units",
     "load_compose": "compose", "default_compose_path": "compose",

@@ -149,7 +149,7 @@ class Agent:
         self.role.stop()
         status = self.verdict if self.verdict is not None else 128 + signum
         say(f"{self.name}: stopped from outside (SIGTERM); exit {status}")
-        os._exit(status)
+        raise SystemExit(status)  # unwinds the main thread (it has no other) from wherever it waits
 
     def command(self, session: int) -> list[str]:
         if session == 0 or self.role_name != "worker":
@@ -343,7 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     if agent.role_name not in ("scheduler", "server", "worker"):
         say(f"error: DMLC_ROLE={agent.role_name!r} is not a role; valid: scheduler, server, worker")
         return 2
-    return agent.run()
+    status = agent.run()
+    # The run is decided. A SIGTERM from now on (compose stopping the containers of a finished run)
+    # must not end the exit with 143: the interpreter restores the default action of a handled signal
+    # as it shuts down, but leaves an ignored one ignored.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return status
 
 
 if __name__ == "__main__":

@@ -35,18 +35,21 @@ _VAR = re.compile(
 GLOO_COMPOSE = Path(__file__).with_name("gloo-compose.yml")
 
 
-def default_compose_path() -> Path:
-    """The repository's docker/docker-compose.yml (the one cluster definition).
+COMPOSE_FILE = Path("docker") / "docker-compose.yml"
 
-    From a source checkout that is next to the package; from an installed package, the
-    ``docker/docker-compose.yml`` under the current directory (the Docker image's workdir has one).
-    """
-    relative = Path("docker") / "docker-compose.yml"
-    beside = Path(__file__).resolve().parents[2] / relative
-    if beside.is_file():
-        return beside
-    here = Path.cwd() / relative
-    return here if here.is_file() else beside
+
+def default_compose_path(source_root: Path | None = None, cwd: Path | None = None) -> Path:
+    """The repository's docker/docker-compose.yml (the one cluster definition): beside the package in
+    a source checkout, else under the current directory (an installed package: the repository root,
+    or the Docker image's workdir). Neither: a one-line error saying where it must be."""
+    source_root = Path(__file__).resolve().parents[2] if source_root is None else source_root
+    cwd = Path.cwd() if cwd is None else cwd
+    for root in (source_root, cwd):
+        if (root / COMPOSE_FILE).is_file():
+            return root / COMPOSE_FILE
+    raise ConfigError(f"no cluster definition: {COMPOSE_FILE} is not under the current directory ({cwd}) nor "
+                      f"beside the package; run from the repository root (or the image's workdir), or pass "
+                      f"`cluster run --compose FILE`")
 
 
 def interpolate(text: str, environ: Mapping[str, str], where: str = "compose file") -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-from byteps_prophet.cluster.local import Cluster, ClusterSpec, RunResult, launcher_main
+from byteps_prophet.cluster.local import Cluster, ClusterSpec, launcher_main
+from byteps_prophet.cluster.processes import RunResult
 from byteps_prophet.cluster.roles import TOPOLOGY_KEYS
 
 

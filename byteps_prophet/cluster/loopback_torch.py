@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 from typing import Callable, Mapping, Sequence
 
-from byteps_prophet.cluster.local import Cluster, ClusterSpec, RunResult, launcher_main
+from byteps_prophet.cluster.local import Cluster, ClusterSpec, launcher_main
+from byteps_prophet.cluster.processes import RunResult
 
 
 def run_workers(argv: Sequence[str], workers: int, env: Mapping[str, str] | None = None,

@@ -16,6 +16,8 @@ from byteps_prophet.core.settings import ENVIRONMENT
 from byteps_prophet.errors import ConfigError
 
 ENGINES = ("byteps", "mxnet")
+# Modules of this room, run in another process or container; strings, because importing them here
+# would close a cycle (serve and selftest read the container's description, which imports this module).
 SERVE_COMMAND = ("python", "-m", "byteps_prophet.cluster.serve")
 SELFTEST_COMMAND = ("python", "-m", "byteps_prophet.cluster.selftest")
 DEFAULT_PORT = 9000

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from byteps_prophet.ab.workloads import train_entrypoint
 from byteps_prophet.cluster.compose import read_yaml
 from byteps_prophet.cluster.roles import DEFAULT_PORT, ENGINES, TOPOLOGY_KEYS
 from byteps_prophet.core.settings import SCHEDULERS
@@ -38,7 +39,7 @@ ROLE_KEYS = {"scheduler": ("host", "cpu", "memory"),
              "workers": ("hosts", "count", "cpu", "memory", "gpus")}
 VOLUME_KEYS = ("host", "path", "read_only")
 DEFAULT_IMAGE = "byteps-prophet:cpu"
-DEFAULT_COMMAND = ("python", "-m", "byteps_prophet.cluster.train")
+DEFAULT_COMMAND = ("python", "-m", train_entrypoint.__name__)
 # A DNS label short enough that "<name>-scheduler" and "<name>-worker-<i>" stay labels too (63).
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 # Kubernetes quantities: a decimal number with an optional SI or binary suffix (500m, 2, 1.5, 4Gi).

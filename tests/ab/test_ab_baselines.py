@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from byteps_prophet.ab.runner import ABConfig, ABRunner, bench_command, format_table, parse_result, variant_env
+from byteps_prophet.ab.report import format_table
+from byteps_prophet.ab.runner import ABConfig, ABRunner, bench_command, parse_result, variant_env
 from byteps_prophet.errors import UserError
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from byteps_prophet.ab.runner import ABConfig, format_table, pool, summarize
+from byteps_prophet.ab.report import format_table, pool, summarize
+from byteps_prophet.ab.runner import ABConfig
 from byteps_prophet.ab.stats import median_interval, paired_ratios, verdict
 from byteps_prophet.errors import UserError
 

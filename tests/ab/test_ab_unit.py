@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from byteps_prophet.ab.runner import (ABConfig, ABRunner, bench_command, format_table, link_bytes_per_step, parse_result,
-                                      figure, plot, run_environment, variant_env)
+from byteps_prophet.ab.report import figure, format_table, link_bytes_per_step, plot
+from byteps_prophet.ab.runner import ABConfig, ABRunner, bench_command, parse_result, run_environment, variant_env
 from byteps_prophet.errors import UserError
 
 
@@ -166,11 +166,54 @@ def test_limit_is_the_slower_of_compute_alone_and_the_link(tmp_path):
     assert _summary_runner(cfg, [{"fifo": 1}], netns=False).summary()["limit"] is None
 
 
-def test_limit_takes_communication_alone_when_measured():
+def test_communication_alone_is_a_reference_not_a_bound():
+    """comm_only is the engine's unscheduled synchronisation, which a schedule can pass: it never sets
+    the limit, even when it is the slowest of the references."""
     cfg = ABConfig(workers=2, batch=16, bandwidth="1gbit", rounds=1, variants=("prophet", "compute_only", "comm_only"))
-    limit = _summary_runner(cfg, [{"prophet": 60, "compute_only": 90, "comm_only": 75}]).summary()["limit"]
-    assert limit["comm_samples_per_s"] == 75 and limit["samples_per_s"] == 75
-    assert limit["share"] == {"prophet": pytest.approx(0.8)}
+    summary = _summary_runner(cfg, [{"prophet": 60, "compute_only": 90, "comm_only": 55}]).summary()
+    limit = summary["limit"]
+    assert "comm_samples_per_s" not in limit and limit["samples_per_s"] == 90
+    assert limit["share"] == {"prophet": pytest.approx(60 / 90)}
+    assert summary["results"]["comm_only"]["samples_per_s"] == 55 and summary["warnings"] == []
+
+
+def test_a_variant_above_the_limit_is_a_defect_of_the_tool_not_a_share(tmp_path):
+    """The d8168e0 case: ByteScheduler and Prophet ran faster than communication alone, and the link
+    bound held. Here the link is the binding bound and a variant passes it: that is a warning naming
+    the variant and the bounds, and no share above 100% is reported anywhere."""
+    # byteps, 2 workers: the server's link carries 2 x 40 MB per step; at 200 Mbit/s 3.2 s -> 32 / 3.2 = 10/s
+    cfg = ABConfig(backend="byteps", workers=2, batch=16, bandwidth="200mbit", rounds=2,
+                   variants=("bytescheduler", "prophet", "compute_only", "comm_only"))
+    rows = [{"bytescheduler": 6.9, "prophet": 10.5, "compute_only": 40, "comm_only": 6.0},
+            {"bytescheduler": 6.9, "prophet": 10.7, "compute_only": 42, "comm_only": 5.9}]
+    summary = _summary_runner(cfg, rows).summary()
+    limit = summary["limit"]
+    assert limit["link_samples_per_s"] == pytest.approx(10) and limit["samples_per_s"] == pytest.approx(10)
+    assert limit["share"] == {"bytescheduler": pytest.approx(0.69)}
+    [defect] = summary["warnings"]
+    assert defect.startswith("limit defect: prophet ran 10.60 samples/s, 106% of the limit 10.00")
+    assert "link 10.00" in defect and "\n" not in defect
+    table = format_table(summary)
+    assert "reached: bytescheduler 69%" in table and "prophet 106%" not in table.split("warning:")[0]
+    assert f"warning: {defect}" in table
+    # pooling finds the defect again without saying it twice
+    from byteps_prophet.ab.report import pool
+
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path in paths:
+        path.write_text(json.dumps(summary))
+    pooled = pool([str(path) for path in paths])
+    assert len(pooled["warnings"]) == 1 and pooled["warnings"][0].startswith("limit defect: prophet ran 10.60")
+
+
+def test_the_limit_is_the_least_bound_and_ignores_references_in_shares():
+    cfg = ABConfig(workers=2, batch=16, bandwidth="1gbit", rounds=1, variants=("fifo", "compute_only"))
+    limit = _summary_runner(cfg, [{"fifo": 50, "compute_only": 120}]).summary()["limit"]
+    assert limit["samples_per_s"] == pytest.approx(100)  # the link (100/s) below compute alone (120/s)
+    assert set(limit["share"]) == {"fifo"}
+    # without shaping only compute alone bounds
+    limit = _summary_runner(cfg, [{"fifo": 50, "compute_only": 120}], netns=False).summary()["limit"]
+    assert limit["samples_per_s"] == 120 and "link_samples_per_s" not in limit
 
 
 def test_comm_only_runs_the_real_backend_without_compute():
@@ -231,3 +274,14 @@ def test_the_plots_variant_labels_do_not_overlap():
     boxes = [label.get_window_extent() for label in fig.axes[0].get_xticklabels()]
     assert len(boxes) == len(variants)
     assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), [(b.x0, b.x1) for b in boxes]
+
+
+def test_importing_the_runner_loads_no_framework():
+    """The runner names its workloads by import; torch and mxnet load only when a benchmark runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, byteps_prophet.ab.runner, byteps_prophet.ab.workloads.train_entrypoint; "
+            "print(sorted(m for m in ('torch', 'mxnet') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc

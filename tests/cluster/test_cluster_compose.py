@@ -120,3 +120,20 @@ def test_file_errors(tmp_path):
     bad.write_text("services: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_compose(bad)
+
+
+def test_without_a_source_checkout_the_compose_file_is_looked_for_under_the_cwd(tmp_path):
+    """An installed (non-editable) package has no docker/ beside it: the current directory's is
+    used, and without one the error says in one line where it must be."""
+    from byteps_prophet.cluster.compose import COMPOSE_FILE
+    from byteps_prophet.errors import ConfigError
+
+    installed, cwd = tmp_path / "site-packages", tmp_path / "work"
+    installed.mkdir(), cwd.mkdir()
+    with pytest.raises(ConfigError) as err:
+        default_compose_path(source_root=installed, cwd=cwd)
+    message = str(err.value)
+    assert "\n" not in message and "docker/docker-compose.yml" in message and str(cwd) in message
+    (cwd / COMPOSE_FILE).parent.mkdir()
+    (cwd / COMPOSE_FILE).write_text(REPO_COMPOSE.read_text())
+    assert default_compose_path(source_root=installed, cwd=cwd) == cwd / COMPOSE_FILE

@@ -7,7 +7,8 @@ import pytest
 
 from byteps_prophet import cli
 from byteps_prophet.cluster import netns
-from byteps_prophet.cluster.local import Cluster, ClusterSpec, _describe_exit
+from byteps_prophet.cluster.local import Cluster, ClusterSpec
+from byteps_prophet.cluster.processes import describe_exit
 from byteps_prophet.cluster.roles import (
     SELFTEST_COMMAND, SERVE_COMMAND, Topology, check_run_env, role_command, role_environment,
 )
@@ -132,9 +133,9 @@ def test_unstarted_cluster_refuses_runs_and_shaping():
 
 
 def test_exit_descriptions():
-    assert _describe_exit("worker-1", -9) == "worker-1 was killed by SIGKILL"
-    assert _describe_exit("worker-1", 137) == "worker-1 was killed by SIGKILL (status 137)"
-    assert _describe_exit("server-0", 3) == "server-0 exited with status 3"
+    assert describe_exit("worker-1", -9) == "worker-1 was killed by SIGKILL"
+    assert describe_exit("worker-1", 137) == "worker-1 was killed by SIGKILL (status 137)"
+    assert describe_exit("server-0", 3) == "server-0 exited with status 3"
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -265,27 +266,27 @@ def test_torch_launcher_gives_each_worker_its_rank_and_names_a_killed_one():
 
 
 @pytest.mark.parametrize("module, env, message", [
-    ("serve", {"DMLC_ROLE": "server", "ENGINE": "tf"}, "serve: ENGINE='tf' is invalid; valid: byteps, mxnet"),
-    ("serve", {"DMLC_ROLE": "server", "PS_ZMQ_IDLE_US": "-5"},
+    ("byteps_prophet.cluster.serve", {"DMLC_ROLE": "server", "ENGINE": "tf"}, "serve: ENGINE='tf' is invalid; valid: byteps, mxnet"),
+    ("byteps_prophet.cluster.serve", {"DMLC_ROLE": "server", "PS_ZMQ_IDLE_US": "-5"},
      "serve: PS_ZMQ_IDLE_US=-5 is invalid; valid: an integer >= 0 (microseconds; 0 = spin)"),
-    ("selftest", {"SELFTEST_ROUNDS": "0"}, "selftest: SELFTEST_ROUNDS='0' is invalid; valid: an integer >= 1"),
-    ("container_shaping", {"LINK_SHAPING": "maybe"}, "linkshape: error: LINK_SHAPING='maybe' is invalid; valid: 0, 1"),
-    ("train", {"TRAIN_STEPS": "ten"}, "train: TRAIN_STEPS='ten' is invalid; valid: an integer >= 1"),
-    ("train", {"BYTEPS_SCHEDULER": "lifo"}, "train: BYTEPS_SCHEDULER='lifo' is not a scheduler"),
+    ("byteps_prophet.cluster.selftest", {"SELFTEST_ROUNDS": "0"}, "selftest: SELFTEST_ROUNDS='0' is invalid; valid: an integer >= 1"),
+    ("byteps_prophet.cluster.container_shaping", {"LINK_SHAPING": "maybe"}, "linkshape: error: LINK_SHAPING='maybe' is invalid; valid: 0, 1"),
+    ("byteps_prophet.ab.workloads.train_entrypoint", {"TRAIN_STEPS": "ten"}, "train: TRAIN_STEPS='ten' is invalid; valid: an integer >= 1"),
+    ("byteps_prophet.ab.workloads.train_entrypoint", {"BYTEPS_SCHEDULER": "lifo"}, "train: BYTEPS_SCHEDULER='lifo' is not a scheduler"),
 ])
 def test_a_containers_bad_variable_ends_its_entrypoint_in_one_line(module, env, message):
     """Each entrypoint reads the compose file's environment through cluster/container.py (and the
     engine knobs through Settings) before it starts anything: exit 2, one line naming the variable."""
     import os
 
-    proc = subprocess.run([sys.executable, "-m", f"byteps_prophet.cluster.{module}"], env={**os.environ, **env},
+    proc = subprocess.run([sys.executable, "-m", module], env={**os.environ, **env},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.startswith(message) and len(proc.stderr.splitlines()) == 1, proc
 
 
 def test_train_runs_the_engines_bench_with_the_compose_files_job():
     from byteps_prophet.cluster.container import container
-    from byteps_prophet.cluster.train import bench_argv
+    from byteps_prophet.ab.workloads.train_entrypoint import bench_argv
 
     argv = bench_argv(container({"ENGINE": "mxnet", "TRAIN_MODEL": "mlp", "TRAIN_BATCH": "8"}), ["--x"])
     assert argv[1:] == ["-m", "byteps_prophet.ab.workloads.mxnet_bench", "--backend", "kvstore", "--model", "mlp",

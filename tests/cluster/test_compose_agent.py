@@ -125,3 +125,31 @@ def test_bad_settings_are_one_line_and_exit_2(env, fragment):
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet.cluster.agent", "true"],
                           env=dict(os.environ, **env), capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and fragment in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_a_sigterm_after_the_run_succeeded_keeps_its_status(tmp_path):
+    """Compose stops worker-0's container as soon as another container of a finished run exits: the
+    run's status (0) must survive that SIGTERM, however late in the agent's exit it comes."""
+    procs = _start({"scheduler": "sleep 60", "server-0": "sleep 60", "worker-0": "true", "worker-1": "true"},
+                   train="true", logs=tmp_path)
+    deadline = time.monotonic() + 30
+    while not any(p.poll() is not None for name, p in procs.items() if name != "worker-0"):
+        assert time.monotonic() < deadline, "no host ended"
+        time.sleep(0.001)
+    if procs["worker-0"].poll() is None:
+        procs["worker-0"].send_signal(signal.SIGTERM)
+    out = _finish(procs, within=20)
+    assert out["worker-0"][0] == 0, out["worker-0"]
+
+
+def test_a_decided_run_ignores_sigterm_while_the_agent_exits(monkeypatch):
+    from byteps_prophet.cluster import agent
+
+    monkeypatch.setattr(agent.Agent, "__init__", lambda self, argv: setattr(self, "role_name", "worker"))
+    monkeypatch.setattr(agent.Agent, "run", lambda self: 0)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert agent.main(["true"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)

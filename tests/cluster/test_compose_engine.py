@@ -63,7 +63,7 @@ def test_compose_and_the_netns_cluster_read_the_same_topology():
     assert {h.bandwidth for h in cluster.hosts} == {parse_bandwidth("200mbit")}
     for worker in ours.workers:  # what the agent reads under compose
         assert worker.environment["MASTER_ADDR"] == "worker-0"
-        assert worker.environment["TRAIN_COMMAND"] == "python -m byteps_prophet.cluster.train"
+        assert worker.environment["TRAIN_COMMAND"] == "python -m byteps_prophet.ab.workloads.train_entrypoint"
 
 
 # ---------------------------------------------------------------------------------------------- slow

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from byteps_prophet.deploy import launch
+from byteps_prophet.deploy.role import Role, clean_stale_socket_dirs
 from byteps_prophet.errors import ConfigError
 from hosts import LAUNCH, Hosts, free_port_pair
 
@@ -192,13 +193,13 @@ def test_options_fall_back_on_the_dmlc_variables():
 
 def test_the_scheduler_binds_its_own_address_and_gets_no_worker_id():
     spec = launch.build_spec(role="scheduler", scheduler_addr="localhost", workers=2, servers=1, environ={})
-    env = launch.Role(spec, {"PATH": "/usr/bin"}).environment("127.0.0.1")
+    env = Role(spec, {"PATH": "/usr/bin"}).environment("127.0.0.1")
     assert env["DMLC_PS_ROOT_URI"] == "127.0.0.1" and env["DMLC_ROLE"] == "scheduler"
     assert "DMLC_WORKER_ID" not in env and "BYTEPS_CPU_ONLY" not in env
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     worker = launch.build_spec(role="worker", scheduler_addr="bpp-scheduler", workers=2, servers=1, worker_id=1,
                                command=["x"], environ={"BYTEPS_CPU_ONLY": "0", "DMLC_NODE_HOST": "10.1.1.1"})
-    env = launch.Role(worker, {"BYTEPS_CPU_ONLY": "0"}).environment("10.1.1.1", {"MASTER_ADDR": "10.1.1.0"})
+    env = Role(worker, {"BYTEPS_CPU_ONLY": "0"}).environment("10.1.1.1", {"MASTER_ADDR": "10.1.1.0"})
     assert env["DMLC_PS_ROOT_URI"] == "bpp-scheduler" and env["DMLC_WORKER_ID"] == "1"
     assert env["BYTEPS_CPU_ONLY"] == "0" and env["MASTER_ADDR"] == "10.1.1.0" and env["DMLC_NODE_HOST"] == "10.1.1.1"
 
@@ -214,7 +215,7 @@ def test_stale_socket_dirs_of_dead_launchers_are_removed(tmp_path):
     dead.wait()
     (tmp_path / f"bpp-launch-{dead.pid}-abc").mkdir()
     (tmp_path / f"bpp-launch-{os.getppid()}-live").mkdir()
-    assert launch.clean_stale_socket_dirs(str(tmp_path)) == [f"bpp-launch-{dead.pid}-abc"]
+    assert clean_stale_socket_dirs(str(tmp_path)) == [f"bpp-launch-{dead.pid}-abc"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"bpp-launch-{os.getppid()}-live"]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from byteps_prophet.cluster import netns
-from byteps_prophet.deploy.launch import SOCKET_DIR_PREFIX, clean_stale_socket_dirs
+from byteps_prophet.deploy.role import SOCKET_DIR_PREFIX, clean_stale_socket_dirs
 from hosts import LAUNCH, Hosts
 
 TRAIN = str(Path(__file__).with_name("bps_train.py"))

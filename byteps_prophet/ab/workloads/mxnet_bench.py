@@ -283,9 +283,9 @@ def write_profile(path: str, kv, trainer, marks: list[float], end: float, args,
     """The timed steps' profile (docs/PROFILE.md) from the store's trace: each gradient's ready time is
     when the store staged it, relative to the step's backward start (its loss computed). MXNet's engine
     runs the forward asynchronously, so no layer's forward is timed: ``forward_s``, a whole forward
-    timed alone (``forward_time``), is spread over the tensors as their backward times are (the
-    simulator's guess without it, half of each backward time, read 0.11 s where the transformer's
-    forward takes about 0.18). Parameters are named by their
+    timed alone (``forward_time``), is spread over the tensors as their backward times are (without
+    it the simulator guesses half of each backward time, which misreads a forward-heavy model).
+    Parameters are named by their
     store key, the Trainer's index (it numbers them by sorted name), and listed in forward order, as the
     store learned it from the backward pass (``ScheduledKVStore.forward_index``)."""
     from byteps_prophet.profile import ProfileRecorder

@@ -19,7 +19,7 @@ With ``--tune-credit P`` the run instead tunes ByteScheduler's credit on rank 0 
 ``CreditTuner`` (each probe: P steps at one credit, first step discarded) and the JSON line carries
 ``best_credit`` and ``probes``. With ``--comm-only`` a step is only the synchronisation of every
 gradient (model-shaped buffers, all issued at once in backward order, then waited for): no compute,
-no scheduler; the A/B runner's ``comm_only`` limit. Invalid settings exit 2 with one line on stderr.
+no scheduler; the A/B runner's ``comm_only`` reference. Invalid settings exit 2 with one line on stderr.
 
 What a torch user runs instead, on the same model, batches, threads and timing, with the user's
 optimizer stepped after the whole backward (no scheduler, no layer-wise update or overlap):
