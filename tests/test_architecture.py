@@ -17,8 +17,9 @@ LAYERS = {
     "backends": 3, "profile": 3, "switch": 3,
     "sim": 4, "torch": 4, "mxnet": 4,
     "cluster": 5,
-    "calibrate": 6, "ab": 6, "deploy": 6,
-    "cli": 7, "__main__": 8, "__init__": 8,
+    "calibrate": 6, "ab": 6,
+    "deploy": 7,
+    "cli": 8, "__main__": 9, "__init__": 9,
 }
 FRAMEWORK_FREE = ("core", "sim", "profile", "switch", "units", "errors")
 FRAMEWORKS = ("torch", "mxnet")
