@@ -432,8 +432,8 @@ def test_a_late_peer_does_not_hold_this_workers_pushes():
     """On a parameter server a piece completes only when every worker has pushed it, so with a peer
     50 ms behind every completion comes late and the link model's lag grows. That says nothing of this
     worker's own uplink: Prophet still pushes each gradient as it arrives, and the iteration ends one
-    piece's push and pull after the peer's last push (measured on torch/BytePS, resnet compute-bound:
-    with the lag on the first stage, pieces waited until the peer caught up, docs/history/AB-notebook.md section 12)."""
+    piece's push and pull after the peer's last push (with the lag on the first stage, pieces waited
+    until the peer caught up: docs/DESIGN.md, "Late peer (first-stage lag)")."""
     waits, tail = run_with_a_late_peer()
     # pushed on arrival, or (a gradient's second 2 MiB piece) as the first one's push ends
     assert max(waits) < COST + TRAILING_CHUNK_BYTES / BANDWIDTH + 1e-6
@@ -448,9 +448,8 @@ def test_a_late_completion_does_not_idle_the_uplink():
     """Each gradient cut in two (2 MB pieces) with the peer 50 ms behind: after the first piece the
     hold waits for the next completion, which comes 50 ms late. With the tick it asks for when the
     uplink frees, the second piece is pushed then; without a timer it waited 40-60 ms for that
-    completion on an idle uplink. (Here the peer's lateness hides the wait; on torch/BytePS, resnet
-    compute-bound, the held pieces went in a burst after the end of backward: Prophet 0.72x of FIFO
-    without the timer, 1.03x-1.05x with it, docs/history/AB-notebook.md section 15.)"""
+    completion on an idle uplink. (Here the peer's lateness hides the wait; without the timer the held
+    pieces went in a burst after the end of backward: docs/DESIGN.md, "Wakeups".)"""
     cap = dict(max_chunk_bytes=2_000_000)
     waits, tail = run_with_a_late_peer(**cap)
     held, held_tail = run_with_a_late_peer(ticks=False, **cap)
@@ -504,8 +503,8 @@ def run_burst_with_a_large_latency(credit):
 
 
 def test_where_pulls_follow_pushes_the_credit_bounds_what_is_in_flight():
-    """BytePS's completions read as a start-up latency of 140-160 ms (torch BytePS vgg 1 Gbit/s,
-    docs/history/AB-notebook.md section 13), which lets the hold send everything pending once backward ends; every
+    """BytePS's completions read as a long start-up latency (docs/DESIGN.md, "In flight under the
+    credit"), which lets the hold send everything pending once backward ends; every
     pull is then requested behind all of those pushes. There ByteScheduler's credit bounds what
     Prophet has in flight too: at most the credit and one piece, and the iteration ends sooner."""
     credit = 2_000_000  # elements: 8 MB
@@ -585,8 +584,7 @@ def run_burst_on_a_shared_server(cls=Prophet):
 def test_where_pulls_follow_pushes_the_flight_window_keeps_gradient_0_near_the_link():
     """The hold trusts the link model's first stage, which late completions do not move, so where the
     link is slower than measured it sends as far ahead as the credit allows, and gradient 0 waits
-    behind all of it (torch BytePS, transformer 200 Mbit/s: 11 MB in flight before the end of
-    backward, gradient 0 done 1.7-2.9 s after it; docs/history/AB-notebook.md section 20). The flight window keeps
+    behind all of it (docs/DESIGN.md, "Flight window"). The flight window keeps
     one chunk per stage in flight: gradient 0 and the iteration are done sooner."""
     finishes, link = run_burst_on_a_shared_server()
     before, credit_link = run_burst_on_a_shared_server(UnwindowedProphet)
@@ -620,9 +618,8 @@ def run_told(cls, link, arrivals, iterations=6, first=0, scheduler=None, told=No
 @pytest.mark.parametrize("keeps_up", [True, False])
 def test_where_pulls_follow_pushes_a_step_the_link_keeps_up_with_goes_under_the_credit(keeps_up):
     """Where the link carries each layer before the next arrives, nothing queues for a prediction to
-    reorder, and on the engines where pulls follow pushes the hold cost CPU (BytePS-MXNet resnet b128
-    1 Gbit/s: the leader's CPU per step 1.78-1.95 s held against ByteScheduler's 1.57-1.71; docs/history/AB-notebook.md
-    section 24). Such a step is sent exactly as ByteScheduler sends it; held, it is not."""
+    reorder, and on the engines where pulls follow pushes the hold cost CPU (docs/DESIGN.md, "Link
+    keeps up"). Such a step is sent exactly as ByteScheduler sends it; held, it is not."""
     _, stock = run_told(ByteScheduler, PullRequestLink(Loop()), SPACED_LAYERS)
     prophet, sends = run_told(Prophet if keeps_up else HeldProphet, PullRequestLink(Loop()), SPACED_LAYERS)
     assert prophet.profiler.profile is not None
