@@ -133,6 +133,7 @@ def _bytes_per_s(text: str) -> float:
 def _load_model(args):
     from byteps_prophet.profile import load_profile
     from byteps_prophet.sim.costmodel import compute_times
+    from byteps_prophet.sim.recorded import iteration_times, model_and_times
     from byteps_prophet.sim.simulation import layers_from
     from byteps_prophet.sim.zoo import get_model
 
@@ -140,8 +141,8 @@ def _load_model(args):
         if args.model:
             raise UserError("give --model or --profile, not both (a profile names its own model)")
         profile = load_profile(args.profile)
-        model, times = profile.to_model_and_times()
-        recorded = profile.iteration_times() if args.compute != "median" else ()
+        model, times = model_and_times(profile)
+        recorded = iteration_times(profile) if args.compute != "median" else ()
         return model, layers_from(model, times, recorded)
     if args.compute:
         raise UserError(f"--compute {args.compute} needs --profile (the zoo's models have no recorded iterations)")

@@ -551,7 +551,7 @@ def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:
 
 def layers_from(model, times, recorded=()) -> list[Layer]:
     """Simulator layers from a zoo ``ModelSpec`` (or a profile's) and its ``LayerTimes``; ``recorded``:
-    ``LayerTimes`` of each recorded iteration, replayed in turn (``Profile.iteration_times``)."""
+    ``LayerTimes`` of each recorded iteration, replayed in turn (``recorded.iteration_times``)."""
     return [
         Layer(t.name, tuple(t.shape), fwd, bwd, getattr(t, "itemsize", 4),
               tuple((it.fwd_s[k], it.bwd_s[k]) for it in recorded))
