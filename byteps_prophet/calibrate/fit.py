@@ -86,7 +86,7 @@ def replay_fit(streams: Sequence[tuple], workers: int, rate: float, efficiency: 
     stays as given. One value fitted to all, not a median of each stream's own: a stream with a deep
     window hardly depends on the efficiency (its pulls wait behind pushes anyway), so its own fit swings
     with every millisecond of noise. ``fits``: per stream ``[window, ops, took s, simulated s]``."""
-    from byteps_prophet.sim.simulation import stream_done_s
+    from byteps_prophet.sim.replay import stream_done_s
 
     if not streams:
         raise ValueError("no streams to fit")

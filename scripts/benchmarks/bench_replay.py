@@ -159,7 +159,7 @@ def tcp_args(spec: dict) -> list[str]:
 
 def recorded_skews(profile: Path, steps: int) -> list[float]:
     """How far the other worker ran behind the leader in each timed step, from both workers' traces
-    beside the profile (``ab --record``; ``simulate --skew``, scripts/bench_skew.py); [] without them."""
+    beside the profile (``ab --record``; ``simulate --skew``, docs/ENGINE.md "Workers out of step"); [] without them."""
     from byteps_prophet.core.trace import step_skews
 
     base = profile.name[: -len(".profile.json")]

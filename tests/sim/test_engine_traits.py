@@ -308,7 +308,7 @@ def test_a_stream_replayed_with_a_window_pipelines_and_a_burst_sends_every_push_
     """``stream_done_s``, the calibration's streams as the network runs them: with back-pressure and
     pulls following pushes a burst completes after every push and every pull (2 x ops pushes through
     the server's ingress, two workers), a window of one after each op's own round trip."""
-    from byteps_prophet.sim.simulation import stream_done_s
+    from byteps_prophet.sim.replay import stream_done_s
 
     engine = EngineTraits(stages=2, pulls_follow_pushes=True, backpressure=True, servers=1)
     push = 2 * 1_000_000 / RATE  # two workers' pushes of 1 MB through one server's ingress
@@ -320,11 +320,11 @@ def test_a_stream_replayed_with_a_window_pipelines_and_a_burst_sends_every_push_
 
 def test_workers_bursting_in_step_share_the_server_equally_and_finish_together():
     """``bursts_done_s``, two workers each sending one burst of four 1 MB ops at once on the shared
-    server links (what scripts/bench_shares.py measures on the real engine): each direction shared equally, every pull
-    behind every push, so both workers get the same answers at the same moments, 5 to 8 pushes' time
+    server links (as the skew investigations measured the real engine, docs/ENGINE.md "Workers out of
+    step"): each direction shared equally, every pull behind every push, so both workers get the same answers at the same moments, 5 to 8 pushes' time
     (as one representative's burst), and at half the rate twice as late; a worker ahead has the link to
     itself until the other starts."""
-    from byteps_prophet.sim.simulation import bursts_done_s
+    from byteps_prophet.sim.replay import bursts_done_s
 
     def burst_done_s(*args, starts=None):  # each worker's answers of its one burst
         return [runs[0][1] for runs in bursts_done_s(*args, 1, starts)]
