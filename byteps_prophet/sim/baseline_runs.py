@@ -18,7 +18,7 @@ from typing import Sequence
 from byteps_prophet.core import Settings
 from byteps_prophet.sim.baselines import (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, HOROVOD_CYCLE_S,
                                            HOROVOD_FUSION_BYTES, MIB, DDPBuckets, HorovodFusion)
-from byteps_prophet.sim.simulation import ClusterSpec, Layer, SimResult, Simulation
+from byteps_prophet.sim.simulation import Layer, SimulatedCluster, SimResult, Simulation
 
 BASELINE_VARIANTS = {"ddp": ("ddp", "ddp_best"), "horovod": ("horovod",)}
 # bucket_cap_mb from a quarter MiB (about one tensor a bucket) to 100 MiB (VGG-16's whole model in two)
@@ -39,7 +39,7 @@ def make_baseline(name: str, simulation: Simulation, bucket_bytes: int = DDP_BUC
     return baseline
 
 
-def simulate_baseline(name: str, layers: Sequence[Layer], cluster: ClusterSpec, iterations: int = 30,
+def simulate_baseline(name: str, layers: Sequence[Layer], cluster: SimulatedCluster, iterations: int = 30,
                       warmup: int = 10, trace_iteration: int | None = None, synchronised: bool = False,
                       **knobs) -> SimResult:
     simulation = Simulation(layers, cluster, Settings(scheduler="fifo"), iterations, warmup, trace_iteration,
@@ -48,7 +48,7 @@ def simulate_baseline(name: str, layers: Sequence[Layer], cluster: ClusterSpec, 
     return simulation.run()
 
 
-def best_bucket(layers: Sequence[Layer], cluster: ClusterSpec, iterations: int = 30, warmup: int = 10,
+def best_bucket(layers: Sequence[Layer], cluster: SimulatedCluster, iterations: int = 30, warmup: int = 10,
                 sweep: Sequence[int] = BUCKET_SWEEP, synchronised: bool = False) -> tuple[int, dict[int, float]]:
     """The bucket of ``sweep`` with the shortest iteration, and every bucket's iteration seconds."""
     times = {bucket: simulate_baseline("ddp", layers, cluster, iterations, warmup, synchronised=synchronised,

@@ -153,7 +153,7 @@ def _load_model(args):
 
 
 def run(args) -> int:
-    from byteps_prophet.sim.simulation import ClusterSpec
+    from byteps_prophet.sim.simulation import SimulatedCluster
     from byteps_prophet.sim.runner import compare, parse_schedulers, plot, report, write_trace
 
     settings = Settings.from_env()
@@ -169,7 +169,7 @@ def run(args) -> int:
     if args.hold_skew and args.workers != 2:
         raise UserError(f"--hold-skew with --workers {args.workers}: a skew is held between two workers (the favour "
                         f"TCP gives one of two, as measured); valid: --workers 2, or no --hold-skew")
-    cluster = ClusterSpec(
+    cluster = SimulatedCluster(
         workers=args.workers, servers=args.servers, arch=args.arch, bandwidth=_bytes_per_s(bandwidth),
         overhead=parse_latency(args.overhead or "50us", "--overhead") / 1e6,
         latency=parse_latency(args.latency, "--latency") / 1e6,

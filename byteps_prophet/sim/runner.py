@@ -20,7 +20,7 @@ from byteps_prophet.core import Settings
 from byteps_prophet.core.trace import TraceLog
 from byteps_prophet.errors import UserError
 from byteps_prophet.sim.baseline_runs import BASELINE_VARIANTS, best_bucket, simulate_baseline
-from byteps_prophet.sim.simulation import ClusterSpec, Layer, SimResult, lower_bound_s, simulate
+from byteps_prophet.sim.simulation import Layer, SimResult, SimulatedCluster, lower_bound_s, simulate
 
 SCHEDULER_CHOICES = ("fifo", "bytescheduler", "prophet")
 # Each choice reports its variants: the default-credit ByteScheduler beside the best credit, and the
@@ -66,7 +66,7 @@ def variant_settings(name: str, base: Settings) -> Settings:
     }[name]
 
 
-def compare(layers: Sequence[Layer], cluster: ClusterSpec, schedulers: Iterable[str],
+def compare(layers: Sequence[Layer], cluster: SimulatedCluster, schedulers: Iterable[str],
             base: Settings = Settings(), iterations: int = 30, warmup: int = 10,
             trace_iteration: int | None = None, progress: Callable[[str], None] | None = None,
             synchronised: bool = False) -> Comparison:

@@ -31,7 +31,7 @@ from byteps_prophet.sim.replay import SkewHold
 
 DEFAULT_OVERHEAD = 50e-6  # per message per link: the "0.05 ms per message" of the simple model
 SYNCHRONISED = -1  # ``Simulation._waiting_for``: every parameter (a synchronised run's first timed step)
-MAX_SIMULATED_WORKERS = 64  # workers simulated one by one (``ClusterSpec.skew``); the representative scales
+MAX_SIMULATED_WORKERS = 64  # workers simulated one by one (``SimulatedCluster.skew``); the representative scales
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Layer:
 
 
 @dataclass(frozen=True)
-class ClusterSpec:
+class SimulatedCluster:
     """The simulated cluster. ``engine`` (calibrated traits, ``core.traits``) describes the engine;
     without one, an ideal engine of ``arch`` whose messages cost ``overhead`` on every link."""
     workers: int = 8
@@ -176,7 +176,7 @@ class SimResult:
 
 
 class Simulation:
-    def __init__(self, layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings,
+    def __init__(self, layers: Sequence[Layer], cluster: SimulatedCluster, settings: Settings,
                  iterations: int = 30, warmup: int = 10, trace_iteration: int | None = None,
                  synchronised: bool = False, *, loop: EventLoop | None = None, port=None,
                  worker: int | None = None) -> None:
@@ -371,7 +371,7 @@ class Simulation:
                          cycle, window, self._backward_starts)
 
 
-def engine_traits(cluster: ClusterSpec, settings: Settings) -> EngineTraits:
+def engine_traits(cluster: SimulatedCluster, settings: Settings) -> EngineTraits:
     """The cluster's engine, with the plugin's atoms where the settings give them
     (``BYTEPS_PROPHET_ATOM_ELEMENTS``)."""
     traits = cluster.traits
@@ -380,7 +380,7 @@ def engine_traits(cluster: ClusterSpec, settings: Settings) -> EngineTraits:
     return traits
 
 
-def simulate(layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings, iterations: int = 30,
+def simulate(layers: Sequence[Layer], cluster: SimulatedCluster, settings: Settings, iterations: int = 30,
              warmup: int = 10, trace_iteration: int | None = None, synchronised: bool = False) -> SimResult:
     """One representative worker (``Simulation``), or every worker on its own where the cluster has a
     ``skew``."""
@@ -389,7 +389,7 @@ def simulate(layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings, 
     return simulate_every_worker(layers, cluster, settings, iterations, warmup, trace_iteration, synchronised)
 
 
-def simulate_every_worker(layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings, iterations: int = 30,
+def simulate_every_worker(layers: Sequence[Layer], cluster: SimulatedCluster, settings: Settings, iterations: int = 30,
                           warmup: int = 10, trace_iteration: int | None = None,
                           synchronised: bool = False) -> SimResult:
     """Every worker of a parameter server on its own, each with its own compute (the same layers),
@@ -475,7 +475,7 @@ class Follower:
         pass
 
 
-def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:
+def lower_bound_s(layers: Sequence[Layer], cluster: SimulatedCluster) -> float:
     """docs/ALGORITHMS.md section 4: max(C, T_comm, C + time to sync gradient 0).
 
     Section 4 charges the sync of gradient 0's first partition; Prophet's default mode cuts

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from byteps_prophet.core import EngineTraits, ManualClock, Settings, Task, make_scheduler
 from byteps_prophet.core.traits import load_engine
 from byteps_prophet.sim.costmodel import compute_times
-from byteps_prophet.sim.simulation import ClusterSpec, Simulation, layers_from, lower_bound_s
+from byteps_prophet.sim.simulation import SimulatedCluster, Simulation, layers_from, lower_bound_s
 from byteps_prophet.sim.runner import CREDIT_SWEEP, compare
 from byteps_prophet.sim.zoo import MODELS, get_model
 
@@ -75,7 +75,7 @@ CHANGING_CASES = (("resnet50", "ps"), ("vgg16", "ps"), ("resnet50", "allreduce")
 def changing_case(model_name, arch, iterations):
     model = get_model(model_name)
     layers = layers_from(model, compute_times(model, 32))
-    cluster = ClusterSpec(workers=8, arch=arch, bandwidth=10 * GBIT,
+    cluster = SimulatedCluster(workers=8, arch=arch, bandwidth=10 * GBIT,
                           bandwidth_steps=((2.0, 3 * GBIT), (4.5, 25 * GBIT)),
                           compute_steps=((3.0, 1.3), (5.5, 1.0)))
     run = lambda s: Simulation(layers, cluster, s, iterations, warmup=0).run().finish_s  # noqa: E731
@@ -197,7 +197,7 @@ def simulator_speed(repeats=3):
     for _ in range(repeats):
         for name, settings in variants.items():
             t0 = time.perf_counter()
-            Simulation(layers, ClusterSpec(workers=32, bandwidth=10 * GBIT), settings, 100).run()
+            Simulation(layers, SimulatedCluster(workers=32, bandwidth=10 * GBIT), settings, 100).run()
             runs[name].append(time.perf_counter() - t0)
     times = {name: {"median_s": statistics.median(r), "min_s": min(r), "max_s": max(r)} for name, r in runs.items()}
     return {"setup": f"resnet50, 32 workers, ps, 10 Gbit/s, 100 iterations, {repeats} interleaved repeats",
@@ -227,7 +227,7 @@ def scale_grid(engines: dict, iterations: int, models=("resnet50", "vgg16")) -> 
         layers = layers_from(spec, compute_times(spec, spec.default_batch))
         # as many servers as workers unless the case says otherwise (the engine was calibrated on one)
         changes = {"servers": w if arch == "ps" else None, **SCALE_CASES[case](w)}
-        cluster = ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT, engine=engines[arch], **changes)
+        cluster = SimulatedCluster(workers=w, arch=arch, bandwidth=g * GBIT, engine=engines[arch], **changes)
         c = compare(layers, cluster, ["bytescheduler", "prophet"], iterations=iterations, warmup=warmup)
         r = {name: res.iter_s * 1e3 for name, res in c.results.items()}
         rows.append({"model": m, "arch": arch, "case": case, "workers": w, "gbit": g, "best_credit": c.best_credit,
@@ -351,9 +351,9 @@ def main() -> None:
             if m not in layer_cache:
                 spec = get_model(m)
                 layer_cache[m] = layers_from(spec, compute_times(spec, spec.default_batch))
-            cell = grid_cell(layer_cache[m], ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT), args.iterations)
+            cell = grid_cell(layer_cache[m], SimulatedCluster(workers=w, arch=arch, bandwidth=g * GBIT), args.iterations)
             cell = {"model": m, "arch": arch, "workers": w, "gbit": g, **cell}
-            add_message_bound(cell, layer_cache[m], ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT))
+            add_message_bound(cell, layer_cache[m], SimulatedCluster(workers=w, arch=arch, bandwidth=g * GBIT))
             grid.append(cell)
         result["grid_setup"] = {"iterations": args.iterations, "warmup": min(10, args.iterations // 3),
                                 "batch": "each model's default", "credit_sweep": list(CREDIT_SWEEP)}

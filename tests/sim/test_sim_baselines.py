@@ -7,7 +7,7 @@ import pytest
 from byteps_prophet.cli import main
 from byteps_prophet.sim.baselines import MIB
 from byteps_prophet.sim.baseline_runs import BUCKET_SWEEP, best_bucket, simulate_baseline
-from byteps_prophet.sim.simulation import ClusterSpec, Layer, lower_bound_s
+from byteps_prophet.sim.simulation import Layer, SimulatedCluster, lower_bound_s
 
 
 def toy_layers(n=12, rows=512, cols=256):
@@ -19,7 +19,7 @@ def toy_layers(n=12, rows=512, cols=256):
                                          ("horovod", {"fusion_bytes": 0})])
 def test_every_gradient_synchronised_once_and_never_below_the_bound(arch, name, knobs):
     layers = toy_layers()
-    cluster = ClusterSpec(workers=4, arch=arch, bandwidth=1e9 / 8)
+    cluster = SimulatedCluster(workers=4, arch=arch, bandwidth=1e9 / 8)
     result = simulate_baseline(name, layers, cluster, iterations=8, warmup=2, **knobs)
     members = [(t.iteration, t.index) for c in result.sent for t in c.members]
     assert sorted(members) == [(it, i) for it in range(8) for i in range(len(layers))]  # once each
@@ -30,7 +30,7 @@ def test_every_gradient_synchronised_once_and_never_below_the_bound(arch, name, 
 
 def test_a_bucket_fuses_gradients_and_fusion_pays_fewer_messages():
     layers = toy_layers(n=24, rows=64, cols=64)  # 16 KiB gradients: the per-collective cost dominates
-    cluster = ClusterSpec(workers=8, arch="allreduce", bandwidth=10e9 / 8)
+    cluster = SimulatedCluster(workers=8, arch="allreduce", bandwidth=10e9 / 8)
     alone = simulate_baseline("ddp", layers, cluster, iterations=6, warmup=2, bucket_bytes=1)
     fused = simulate_baseline("ddp", layers, cluster, iterations=6, warmup=2, bucket_bytes=MIB)
     assert len(alone.sent) == 6 * 24
@@ -40,7 +40,7 @@ def test_a_bucket_fuses_gradients_and_fusion_pays_fewer_messages():
 
 def test_best_bucket_is_the_fastest_of_its_sweep():
     layers = toy_layers()
-    cluster = ClusterSpec(workers=4, arch="allreduce", bandwidth=1e9 / 8)
+    cluster = SimulatedCluster(workers=4, arch="allreduce", bandwidth=1e9 / 8)
     bucket, times = best_bucket(layers, cluster, iterations=6, warmup=2)
     assert set(times) == set(BUCKET_SWEEP) and times[bucket] == min(times.values())
 
