@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -520,9 +519,7 @@ def main(argv=None) -> int:
     if leader:
         print(json.dumps({"calibration": out}), flush=True)
     engine.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # MXNet's and BytePS's threads can keep a finished worker alive at teardown
+    return 0
 
 
 if __name__ == "__main__":
