@@ -202,7 +202,7 @@ def test_invalid_profile_is_never_written(tmp_path):
 
 
 # -- conversion to simulator inputs ------------------------------------------------------------
-def test_to_model_and_times_reproduces_gaps():
+def test_model_and_times_reproduces_gaps():
     data = good_dict()
     # Medians per tensor: 0.011, 0.006, 0.003, 0.001 -> gaps in backward order 0.005, 0.003, 0.002, 0.001.
     model, times = model_and_times(Profile.from_dict(data))

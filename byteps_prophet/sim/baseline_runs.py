@@ -1,9 +1,9 @@
 """Running the simulator's non-scheduler baselines, DDP's buckets and Horovod's fusion (their policies
 are sim/baselines.py), and sweeping each over its own knobs.
 
-The engine builds its scheduler from ``Settings``; a baseline is not one of the schedulers the
+The simulation builds its scheduler from ``Settings``; a baseline is not one of the schedulers the
 settings name, so a run builds the simulation with FIFO and puts the baseline in its place before
-anything happens (the engine reaches its scheduler through ``simulation.scheduler`` for every event).
+anything happens (the simulation reaches its scheduler through ``simulation.scheduler`` for every event).
 
 Variants, keyed as ``simulate --json`` reports them:
 
