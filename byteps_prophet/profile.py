@@ -7,7 +7,8 @@ backward pass started), plus forward times, iteration time and bandwidth where k
 * :class:`ProfileRecorder` is what plugins call from their hooks; it has no clock of its own, every
   time is passed in.
 * :func:`load_profile` reads and strictly validates a file; :meth:`Profile.save` writes one.
-* :meth:`Profile.to_model_and_times` turns it into the simulator's ``(ModelSpec, LayerTimes)``.
+* The simulator replays one through ``sim/recorded.py`` (``model_and_times``, ``iteration_times``);
+  this module imports nothing of the simulator.
 
 Pure Python: no framework import, no threads, no clock.
 """
@@ -19,21 +20,16 @@ import math
 import os
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from byteps_prophet.core.task import TensorSize
 from byteps_prophet.errors import UserError
-
-if TYPE_CHECKING:  # the plugins record profiles without importing the simulator
-    from byteps_prophet.sim.costmodel import LayerTimes
-    from byteps_prophet.sim.zoo import ModelSpec
 
 FORMAT = "byteps-prophet-profile"
 VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 FRAMEWORKS = ("pytorch", "mxnet", "tensorflow", "sim")
 DTYPES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-FWD_FROM_BWD = 0.5  # forward time of a tensor without a recorded one = 0.5 x its backward time
 
 _TOP_REQUIRED = ("format", "version", "model", "framework", "batch", "device", "world_size", "tensors",
                  "iterations")
@@ -158,7 +154,7 @@ class Profile:
     def backward_times(self) -> dict[int, float]:
         """Per tensor that produced a gradient (forward index -> seconds): the gap between its median
         ready time and the latest of the tensors after it (backward runs from the last index down)."""
-        return _backward_gaps(self.median_ready_s())
+        return backward_gaps(self.median_ready_s())
 
     def with_forward_total(self, seconds: float) -> "Profile":
         """This profile with a forward time for every tensor: ``seconds`` (a whole forward pass, timed
@@ -171,82 +167,13 @@ class Profile:
         return dataclasses.replace(self, iterations=tuple(dataclasses.replace(it, fwd_s=fwd)
                                                           for it in self.iterations))
 
-    def to_model_and_times(self) -> tuple[ModelSpec, LayerTimes]:
-        """The simulator's inputs: a ModelSpec of the recorded tensors and their measured times.
-
-        * Ready time of each tensor: the median over iterations (robust to a slow iteration).
-        * Tensors that never produced a gradient (unused parameters) are left out of the model: no
-          gradient of theirs is ever communicated. A forward time recorded for one is added to the
-          nearest kept tensor before it (or the first kept tensor).
-        * Backward time of tensor i = the gap between its ready time and the latest ready time of
-          the tensors after it (backward order: from the last index down). For a profile whose ready
-          times fall as the index rises (the usual case) this is exactly ``R_i - R_(i+1)``, and
-          ``LayerTimes.ready_times()`` reproduces the medians. A tensor ready earlier than a
-          later-index one gets 0 and is replayed as ready together with it (conservative).
-        * Forward time: the median of the recorded ones. A tensor without one in a profile that
-          records forward times has no forward of its own: the torch probe puts a layer's forward on
-          its first tensor (a bias's forward is its weight's), so it gets 0. Only a profile with no
-          forward times at all (MXNet's) takes ``FWD_FROM_BWD x`` each tensor's backward time
-          (backward does about twice forward's work).
-        * The ModelSpec carries no FLOPs (0): its times come from the record, not the cost model.
-        """
-        ready = self.median_ready_s()
-        kept = self._kept(ready)
-
-        from byteps_prophet.sim.zoo import ModelSpec, TensorSpec
-
-        tensors = tuple(
-            TensorSpec(self.tensors[i].name, self.tensors[i].shape, 0.0, 0.0,
-                       itemsize=self.tensors[i].itemsize)
-            for i in kept
-        )
-        model = ModelSpec(self.model, tensors, self.batch)
-        return model, self._layer_times(kept, ready, self._median_fwd_s(), _backward_gaps(ready))
-
-    def iteration_times(self) -> tuple[LayerTimes, ...]:
-        """The simulator's compute of each recorded iteration, in the order recorded (the tensors of
-        ``to_model_and_times``): each iteration's own ready times and forward times, the medians where
-        it has none. Replayed in turn they carry the recording's variation from one iteration to the
-        next, which a scheduler that predicts from past iterations has to live with."""
-        ready_med, fwd_med = self.median_ready_s(), self._median_fwd_s()
-        kept = self._kept(ready_med)
-        out = []
-        for it in self.iterations:
-            ready = tuple(r if r is not None else m for r, m in zip(it.ready_s, ready_med))
-            fwd = fwd_med if it.fwd_s is None else tuple(f if f is not None else m
-                                                         for f, m in zip(it.fwd_s, fwd_med))
-            out.append(self._layer_times(kept, ready, fwd, _backward_gaps(ready)))
-        return tuple(out)
-
-    def _median_fwd_s(self) -> tuple[float | None, ...]:
+    def median_fwd_s(self) -> tuple[float | None, ...]:
         """Per tensor, the median of its recorded forward times (None: never recorded)."""
         out = []
         for i in range(len(self.tensors)):
             values = [it.fwd_s[i] for it in self.iterations if it.fwd_s is not None and it.fwd_s[i] is not None]
             out.append(statistics.median(values) if values else None)
         return tuple(out)
-
-    def _kept(self, ready: tuple[float | None, ...]) -> list[int]:
-        """The tensors that produced a gradient (unused parameters are left out of the model)."""
-        kept = [i for i, r in enumerate(ready) if r is not None]
-        if not kept:  # cannot happen for a validated profile; keeps the contract explicit
-            raise UserError(f"profile of {self.model!r}: no tensor ever produced a gradient")
-        return kept
-
-    def _layer_times(self, kept: list[int], ready: tuple[float | None, ...],
-                     fwd_recorded: tuple[float | None, ...], bwd: dict[int, float]) -> LayerTimes:
-        """``LayerTimes`` of the ``kept`` tensors from backward gaps and forward times (None: not
-        recorded), by the rules of ``to_model_and_times``."""
-        from byteps_prophet.sim.costmodel import LayerTimes
-
-        recorded = any(it.fwd_s is not None for it in self.iterations)
-        fwd = {i: fwd_recorded[i] if fwd_recorded[i] is not None else 0.0 if recorded else FWD_FROM_BWD * bwd[i]
-               for i in kept}
-        for i, value in enumerate(fwd_recorded):  # fold unused tensors' forward time into a kept one
-            if ready[i] is None and value is not None:
-                before = [k for k in kept if k < i]
-                fwd[before[-1] if before else kept[0]] += value
-        return LayerTimes(tuple(fwd[i] for i in kept), tuple(bwd[i] for i in kept))
 
 
 def load_profile(path: str | os.PathLike) -> Profile:
@@ -567,7 +494,7 @@ def _time(value: Any, method: str) -> float:
     return float(value)
 
 
-def _backward_gaps(ready: tuple[float | None, ...]) -> dict[int, float]:
+def backward_gaps(ready: tuple[float | None, ...]) -> dict[int, float]:
     """Per tensor with a gradient, its backward time from ready times ``ready`` (the medians, or one
     iteration's; None: no gradient): the gap to the latest ready time of the tensors after it."""
     bwd, latest = {}, 0.0

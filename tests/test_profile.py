@@ -6,9 +6,10 @@ import pytest
 
 from byteps_prophet.errors import UserError
 from byteps_prophet.profile import (
-    FORMAT, FWD_FROM_BWD, VERSION, IterationRecord, Profile, ProfileRecorder, ProfileTensor, load_profile,
+    FORMAT, VERSION, IterationRecord, Profile, ProfileRecorder, ProfileTensor, load_profile,
 )
 from byteps_prophet.sim.costmodel import LayerTimes, compute_times
+from byteps_prophet.sim.recorded import FWD_FROM_BWD, iteration_times, model_and_times
 from byteps_prophet.sim.zoo import get_model
 
 TENSORS = (("conv.weight", (8, 3, 3, 3)), ("bn.weight", (8,)), ("fc.weight", (10, 8)), ("fc.bias", (10,)))
@@ -201,10 +202,10 @@ def test_invalid_profile_is_never_written(tmp_path):
 
 
 # -- conversion to simulator inputs ------------------------------------------------------------
-def test_to_model_and_times_reproduces_gaps():
+def test_model_and_times_reproduces_gaps():
     data = good_dict()
     # Medians per tensor: 0.011, 0.006, 0.003, 0.001 -> gaps in backward order 0.005, 0.003, 0.002, 0.001.
-    model, times = Profile.from_dict(data).to_model_and_times()
+    model, times = model_and_times(Profile.from_dict(data))
     assert [t.name for t in model.tensors] == [n for n, _ in TENSORS]
     assert [t.shape for t in model.tensors] == [s for _, s in TENSORS]
     assert model.default_batch == 16 and model.name == "tiny"
@@ -219,7 +220,7 @@ def test_median_resists_an_outlier_iteration():
     data = good_dict()
     data["iterations"].append({"ready_s": [5.0, 4.0, 3.0, 2.0]})  # a stalled iteration
     data["iterations"].append({"ready_s": [0.011, 0.006, 0.003, 0.001]})
-    _, times = Profile.from_dict(data).to_model_and_times()
+    _, times = model_and_times(Profile.from_dict(data))
     assert times.ready_times() == pytest.approx((0.011, 0.006, 0.003, 0.001))
 
 
@@ -227,13 +228,13 @@ def test_forward_derived_from_backward_only_when_none_was_recorded():
     data = good_dict()
     for it in data["iterations"]:
         it.pop("fwd_s", None)
-    _, times = Profile.from_dict(data).to_model_and_times()  # MXNet's: no forward times at all
+    _, times = model_and_times(Profile.from_dict(data))  # MXNet's: no forward times at all
     assert FWD_FROM_BWD == 0.5
     assert times.fwd_s == pytest.approx(tuple(0.5 * b for b in times.bwd_s))
     # The torch probe records a layer's forward on its first tensor: the others have none of their
     # own (half their backward gap, which spans the layer's whole backward, counted it twice).
     data["iterations"][1]["fwd_s"] = [None, 0.004, None, None]
-    _, times = Profile.from_dict(data).to_model_and_times()
+    _, times = model_and_times(Profile.from_dict(data))
     assert times.fwd_s == pytest.approx((0.0, 0.004, 0.0, 0.0))
 
 
@@ -244,8 +245,8 @@ def test_a_forward_timed_whole_is_spread_as_the_backward_times():
     for it in data["iterations"]:
         it.pop("fwd_s", None)
     profile = Profile.from_dict(data)
-    _, without = profile.to_model_and_times()
-    _, times = profile.with_forward_total(0.02).to_model_and_times()
+    _, without = model_and_times(profile)
+    _, times = model_and_times(profile.with_forward_total(0.02))
     assert sum(times.fwd_s) == pytest.approx(0.02)
     assert times.fwd_s == pytest.approx(tuple(0.02 * b / sum(without.bwd_s) for b in without.bwd_s))
     assert times.bwd_s == without.bwd_s
@@ -257,7 +258,7 @@ def test_non_monotone_and_unused_tensors():
     data["iterations"] = [
         {"ready_s": [0.010, 0.002, 0.006, 0.001, None], "fwd_s": [0.001, 0.001, 0.001, 0.001, 0.0007]},
     ]
-    model, times = Profile.from_dict(data).to_model_and_times()
+    model, times = model_and_times(Profile.from_dict(data))
     assert [t.name for t in model.tensors] == [n for n, _ in TENSORS]  # never-ready tensor left out
     # bn.weight (0.002) is ready before fc.weight (0.006): gap 0, replayed with fc.weight.
     assert times.bwd_s == pytest.approx((0.004, 0.0, 0.005, 0.001))
@@ -270,12 +271,12 @@ def test_iteration_times_replay_each_recorded_iteration():
     """Each recorded iteration's own backward gaps and forward times, in the recorded order; what one
     did not record is the medians'."""
     profile = Profile.from_dict(good_dict())
-    first, second, third = profile.iteration_times()
+    first, second, third = iteration_times(profile)
     assert first.ready_times() == pytest.approx((0.010, 0.006, 0.003, 0.001))
     assert second.ready_times() == pytest.approx((0.012, 0.007, 0.004, 0.001))
     assert third.ready_times() == pytest.approx((0.011, 0.006, 0.003, 0.002))
     assert first.fwd_s == pytest.approx((0.002, 0.001, 0.001, 0.0005))
-    _, median = profile.to_model_and_times()
+    _, median = model_and_times(profile)
     assert second.fwd_s == third.fwd_s == median.fwd_s  # no forward recorded: the medians'
 
 
@@ -288,8 +289,8 @@ def test_iteration_times_fill_a_tensor_an_iteration_missed_with_its_median():
             it["fwd_s"] = it["fwd_s"] + [0.0007]
     data["iterations"][2]["ready_s"][1] = None  # bn.weight not seen in the third iteration
     profile = Profile.from_dict(data)
-    model, median = profile.to_model_and_times()
-    times = profile.iteration_times()
+    model, median = model_and_times(profile)
+    times = iteration_times(profile)
     assert all(len(t.bwd_s) == len(model.tensors) == 4 for t in times)  # the unused tensor left out
     assert times[2].ready_times() == pytest.approx((0.011, median.ready_times()[1], 0.003, 0.002))
     assert times[0].fwd_s[-1] == pytest.approx(0.0005 + 0.0007)  # unused forward folded as in the medians
@@ -312,7 +313,7 @@ def test_zoo_times_survive_a_profile_round_trip(tmp_path):
         rec.end_iteration(t0 + lt.total)
     path = tmp_path / "resnet.json"
     rec.profile().save(path)
-    model, times = load_profile(path).to_model_and_times()
+    model, times = model_and_times(load_profile(path))
     assert model.params == zoo.params and len(model.tensors) == 161
     assert times.bwd_s == pytest.approx(lt.bwd_s, rel=1e-6, abs=1e-9)
     assert times.fwd_s == pytest.approx(lt.fwd_s, rel=1e-6, abs=1e-9)
@@ -356,7 +357,7 @@ def test_recorder_several_iterations():
     assert p.iteration_s == pytest.approx(0.2)
     assert p.bandwidth_Bps == pytest.approx(1e9 + 2)
     assert all(it.fwd_s is None for it in p.iterations)
-    _, times = p.to_model_and_times()
+    _, times = model_and_times(p)
     assert times.bwd_s == pytest.approx((0.006, 0.003, 0.002, 0.001))
 
 
@@ -434,7 +435,7 @@ def test_recorder_tensor_errors():
 
 
 def test_layer_times_type_is_the_simulators():
-    _, times = Profile.from_dict(copy.deepcopy(good_dict())).to_model_and_times()
+    _, times = model_and_times(Profile.from_dict(copy.deepcopy(good_dict())))
     assert isinstance(times, LayerTimes)
 
 
@@ -445,6 +446,18 @@ def test_the_plugins_record_profiles_without_the_simulator():
     import sys
 
     code = ("import sys, byteps_prophet.profile, byteps_prophet.core; "
+            "print(sorted(m for m in sys.modules if m.startswith('byteps_prophet.sim')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_profile_module_imports_nothing_of_the_simulator():
+    """Plugins record profiles: the recorder's module stays below the simulator (sim/recorded.py
+    converts a profile for it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, byteps_prophet.profile; "
             "print(sorted(m for m in sys.modules if m.startswith('byteps_prophet.sim')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -57,8 +57,8 @@ DEFAULT_ATOM_ELEMENTS = 250_000
 FOLLOW_SHARE = 0.5  # of the large push's service a small op must wait for to be "behind" it
 # Two large ops, the second issued 1.25 push times after the first (probe.STAGGER): a duplex link
 # finishes both after 3.25 one-way transfers (the first's pull overlaps the second's push), a
-# half-duplex one after 4. (Issued right at the end of the first push, BytePS read 4.0 on a duplex
-# link: the first's pull request queued behind the second's push, as pulls follow pushes.)
+# half-duplex one after 4. (Issued right at the end of the first push, a duplex link whose pulls
+# follow pushes reads as half-duplex: the first's pull request queues behind the second's push.)
 DUPLEX_TRANSFERS = 3.6
 # Of those 3.25, the first's pull and the second's push overlap for 0.75 transfers; a link whose
 # directions run at a share e of their rate while both are busy takes 0.75 (1 / e - 1) longer.
@@ -86,7 +86,7 @@ def replay_fit(streams: Sequence[tuple], workers: int, rate: float, efficiency: 
     stays as given. One value fitted to all, not a median of each stream's own: a stream with a deep
     window hardly depends on the efficiency (its pulls wait behind pushes anyway), so its own fit swings
     with every millisecond of noise. ``fits``: per stream ``[window, ops, took s, simulated s]``."""
-    from byteps_prophet.sim.simulation import stream_done_s
+    from byteps_prophet.sim.replay import stream_done_s
 
     if not streams:
         raise ValueError("no streams to fit")
@@ -190,8 +190,8 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
     cost, stream_rate = fit_link(samples)
     # The rate from ops alone on an idle link (a line through flight time against the bytes each
     # crosses the bottleneck with): back to back, BytePS and the KVStore interleave a burst of pushes
-    # and complete the ops in bunches at its end, so completion gaps read the link at 124-170% of
-    # its shaped rate (measured at 200 and 300 Mbit/s); an op alone has no one to share with.
+    # and complete the ops in bunches at its end, so completion gaps read the link well above its
+    # shaped rate; an op alone has no one to share with.
     alone_line = RunningFit(window=10_000)
     for entry in alone.values():
         for flight in entry["flight_s"]:
@@ -249,10 +249,9 @@ def traits_from(raw: Mapping[str, Any], *, nominal_bytes_per_s: float | None = N
         derived["duplex_assumed"] = True  # unshaped loopback: nothing to tell it from
 
     # Long streams, replayed by the simulator's network. All-reduce: the rate from the largest
-    # back-to-back groups, one collective after another (ops alone read gloo's 1 Gbit/s link at
-    # 107-121%: a small op's noise tilts the line, and the token bucket lets 1 ms through early; 8 MB
-    # collectives back to back ran at 111-119 MB/s). A parameter server's groups overlap pushes
-    # and pulls in ways the model does not (24.1-26.8 MB/s at 200 Mbit/s), so its rate stays the ops
+    # back-to-back groups, one collective after another (ops alone read gloo's link fast: a small
+    # op's noise tilts the line, and the token bucket lets a little through early). A parameter
+    # server's groups overlap pushes and pulls in ways the model does not, so its rate stays the ops
     # alone one. What both directions busy at once cost comes from streams that keep them so for most
     # of their time, as training does (the staggered pair overlaps them for 0.75 transfers only):
     # BytePS's windowed push_pull streams, with the largest back-to-back groups (plain push and pull).

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -37,27 +36,26 @@ import time
 # Tensor sizes of the back-to-back groups, in float32 elements (16 KB .. 2 MB: from a bias to the
 # 2 MiB chunk cap, covering the 250 k-element atoms).
 SIZES = (4_096, 16_384, 65_536, 262_144, 524_288)
-# An all-reduce also fuses collectives of 8 MB and more (DDP's buckets, Prophet's blocks): 8 MB ops run
-# at 119 MB/s on gloo at 1 Gbit/s, where a rate fitted up to 2 MB (138 MB/s, its cost taking the
-# rest) replayed fused Prophet 13% fast. Parameter servers send at most 2 MiB chunks.
+# An all-reduce also fuses collectives of 8 MB and more (DDP's buckets, Prophet's blocks), whose rate
+# a fit up to 2 MB does not give; parameter servers send at most 2 MiB chunks.
 ALLREDUCE_SIZES = SIZES + (2_097_152,)
 GROUP_S = 0.4  # seconds of link time a group aims at
 # At least 6 ops a group: a parameter server interleaves a burst of pushes, so its first completion
 # comes late and the rest bunch up after it; the slope over 6+ completions is its pull-side service.
 MIN_GROUP, MAX_GROUP = 6, 10
-REPS = 4  # the per-message cost moved 0.95-1.35 ms between calibrations of gloo with two
+REPS = 4  # repetitions of each group: the per-message cost varies from one calibration to the next
 ALONE_REPS, BIG_ALONE_REPS, BEHIND_REPS = 6, 3, 3
-# The staggered pair decides duplex and its efficiency, a 2% effect: with 3 repetitions BytePS's pair
-# spread over 10% (0.52-0.58 s) and two calibrations read 3.31 and 3.18 transfers; 9 take ~4 s more.
+# The staggered pair decides duplex and its efficiency, a small effect that a few repetitions' noise
+# hides: the median of nine.
 STAGGER_REPS = 9
-# pushpull bursts per size (``replies``): their duplex efficiency spread 0.77-0.94 over four bursts and
-# 0.67-0.85 over six (a loaded machine), so the median takes ten
+# pushpull bursts per size (``replies``): their duplex efficiency varies from burst to burst, so the
+# median of several
 REPLY_REPS = 5
 WINDOWS, WINDOW_OPS, WINDOW_REPS = (2, 4), 12, 3  # the windowed pushpull streams: ops in flight at most, ops
 # The windowed push_pull streams (``windowed``, engines without pushpull): 1 MB ops, as Prophet's atoms on
-# BytePS, with 3 and 6 in flight (Prophet keeps 6-7 MB in flight while the big gradients go), long
-# enough (18 ops, about 1.5 s) that both directions of the server's link are busy for most of it; one
-# stream with 3 in flight took 1.84 s, the next 2.15 s (a loaded machine), so four of each.
+# BytePS, with 3 and 6 in flight (as Prophet keeps several atoms in flight while the big gradients go),
+# long enough that both directions of the server's link are busy for most of it; four of each, as one
+# stream's time varies with the machine's load.
 PUSH_PULL_WINDOWS, PUSH_PULL_WINDOW_OPS, PUSH_PULL_WINDOW_REPS, PUSH_PULL_WINDOW_SIZE = (3, 6), 18, 4, 3
 PAUSE_S = 0.05  # idle time before an op that must find the link idle
 STAGGER = 1.25  # the second large op of ``staggered``, in push times after the first
@@ -215,6 +213,12 @@ ENGINES = {"gloo": _Gloo, "byteps": _BytePS, "kvstore": _KVStore}
 
 # -- the benchmarks ---------------------------------------------------------------------------------------
 class Probe:
+    """The calibration's phases (module docstring), one method each, on one engine.
+
+    One class of about 250 lines on purpose: every phase shares the engine, the leader's clock and
+    the link factor, and each is a short sequence of issue-and-wait steps; split by phase, the parts
+    would pass that state around and the phases would no longer read in the order they run."""
+
     def __init__(self, engine: _Engine, *, factor: float, leader: bool) -> None:
         self.e = engine
         self.factor = factor
@@ -515,9 +519,7 @@ def main(argv=None) -> int:
     if leader:
         print(json.dumps({"calibration": out}), flush=True)
     engine.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # MXNet's and BytePS's threads can keep a finished worker alive at teardown
+    return 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ SIMULATED_SETTINGS = ("partition", "credit", "credit_tuning", "prophet_mode", "b
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "simulate", help="simulate FIFO, ByteScheduler and Prophet on a model and cluster",
+        "simulate", help="simulate FIFO, ByteScheduler and Prophet (on all-reduce DDP and Horovod too) on a model and cluster",
         description="Run the real scheduler classes in a discrete-event simulation of data-parallel "
                     "training and compare their iteration times with the lower bound. "
                     + settings_help(SIMULATED_SETTINGS))
@@ -41,8 +41,10 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=_positive_int, help="per-worker batch (default: the model's, 32)")
     p.add_argument("--device", default="v100", help="compute device of the cost model (v100, a100, h100, cpu)")
     p.add_argument("--scheduler", default="all",
-                   help="comma-separated: fifo, bytescheduler, prophet; or all (default, these three); and the "
-                        "baselines ddp (DDP's buckets, default and best of a sweep), horovod (tensor fusion)")
+                   help="comma-separated: fifo, bytescheduler, prophet, and the all-reduce baselines ddp (DDP's "
+                        "buckets: the default and the best bucket of a sweep) and horovod (tensor fusion: the "
+                        "defaults and the best cycle time and fusion threshold of a sweep); or all (default): "
+                        "the three schedulers, and on all-reduce ddp and horovod too")
     p.add_argument("--iterations", type=_positive_int,
                    help="simulated iterations; the step time is the mean steady-state iteration (default 30)")
     p.add_argument("--steps", type=_positive_int,
@@ -138,6 +140,7 @@ def _bytes_per_s(text: str) -> float:
 def _load_model(args):
     from byteps_prophet.profile import load_profile
     from byteps_prophet.sim.costmodel import compute_times
+    from byteps_prophet.sim.recorded import iteration_times, model_and_times
     from byteps_prophet.sim.simulation import layers_from
     from byteps_prophet.sim.zoo import get_model
 
@@ -145,8 +148,8 @@ def _load_model(args):
         if args.model:
             raise UserError("give --model or --profile, not both (a profile names its own model)")
         profile = load_profile(args.profile)
-        model, times = profile.to_model_and_times()
-        recorded = profile.iteration_times() if args.compute != "median" else ()
+        model, times = model_and_times(profile)
+        recorded = iteration_times(profile) if args.compute != "median" else ()
         return model, layers_from(model, times, recorded)
     if args.compute:
         raise UserError(f"--compute {args.compute} needs --profile (the zoo's models have no recorded iterations)")
@@ -157,23 +160,23 @@ def _load_model(args):
 
 
 def run(args) -> int:
-    from byteps_prophet.sim.simulation import ClusterSpec
+    from byteps_prophet.sim.simulation import SimulatedCluster
     from byteps_prophet.sim.runner import compare, parse_schedulers, plot, report, write_trace
 
     settings = Settings.from_env()
-    schedulers = parse_schedulers(args.scheduler)
     engine = _engine(args)
     bandwidth = args.bandwidth or ("10gbit" if engine is None or not engine.bandwidth_bytes_per_s
                                    else f"{engine.bandwidth_bytes_per_s:.0f}bps")
     args.bandwidth = bandwidth
     args.arch = args.arch or ("ps" if engine is None or engine.is_parameter_server else "allreduce")
+    schedulers = parse_schedulers(args.scheduler, args.arch)
     if args.hold_skew and args.skew is None:
         raise UserError("--hold-skew holds the workers at their --skew; valid: --skew SECONDS with it, or no "
                         "--hold-skew")
     if args.hold_skew and args.workers != 2:
         raise UserError(f"--hold-skew with --workers {args.workers}: a skew is held between two workers (the favour "
                         f"TCP gives one of two, as measured); valid: --workers 2, or no --hold-skew")
-    cluster = ClusterSpec(
+    cluster = SimulatedCluster(
         workers=args.workers, servers=args.servers, arch=args.arch, bandwidth=_bytes_per_s(bandwidth),
         overhead=parse_latency(args.overhead or "50us", "--overhead") / 1e6,
         latency=parse_latency(args.latency, "--latency") / 1e6,
@@ -242,4 +245,6 @@ def _print_table(out: dict) -> None:
         label = f"{name} (credit {r['credit']:,})" if "credit" in r else name
         if "bucket_bytes" in r:
             label = f"{name} (bucket {r['bucket_bytes'] / 2**20:g} MiB)"
+        if "fusion_bytes" in r:
+            label = f"{name} ({r['cycle_s'] * 1e3:g} ms, {r['fusion_bytes'] / 2**20:g} MiB)"
         print(f"{label:<34}{r['iter_ms']:>10.2f}{r['ratio_to_lower_bound']:>9.3f}{speedup:>17}")

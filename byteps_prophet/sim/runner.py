@@ -6,8 +6,12 @@ Results are keyed as the CLI's JSON reports them:
 * ``bytescheduler`` (the default credit) and ``bytescheduler_best`` (the best credit of a sweep over
   ``CREDIT_SWEEP``: a fair A/B gives ByteScheduler its best credit, docs/ALGORITHMS.md section 2);
 * ``prophet`` (default, work-conserving mode) and ``prophet_paper`` (section 3 exactly);
-* opt-in baselines that are not schedulers (``sim/baseline_runs.py``): ``ddp`` and ``ddp_best`` (the best
-  bucket of a sweep), ``horovod``.
+* baselines that are not schedulers (``sim/baseline_runs.py``), all-reduce's: ``ddp`` and ``ddp_best``
+  (the best bucket of a sweep), ``horovod`` and ``horovod_best`` (the best cycle time and fusion
+  threshold of a sweep). ``all`` takes them on all-reduce (``parse_schedulers``).
+
+``best_bytescheduler`` sweeps ByteScheduler's credit and partition together (the scale grid's fair
+ByteScheduler); ``bytescheduler_best`` keeps the default partition.
 """
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ from typing import Callable, Iterable, Sequence
 from byteps_prophet.core import Settings
 from byteps_prophet.core.trace import TraceLog
 from byteps_prophet.errors import UserError
-from byteps_prophet.sim.baseline_runs import BASELINE_VARIANTS, best_bucket, simulate_baseline
-from byteps_prophet.sim.simulation import ClusterSpec, Layer, SimResult, lower_bound_s, simulate
+from byteps_prophet.sim.baseline_runs import BASELINE_VARIANTS, best_bucket, best_horovod, simulate_baseline
+from byteps_prophet.sim.simulation import Layer, SimResult, SimulatedCluster, lower_bound_s, simulate
 
 SCHEDULER_CHOICES = ("fifo", "bytescheduler", "prophet")
 # Each choice reports its variants: the default-credit ByteScheduler beside the best credit, and the
@@ -31,7 +35,9 @@ VARIANTS = {
     "prophet": ("prophet", "prophet_paper"),
 }
 CREDIT_SWEEP = tuple(250_000 * 2**k for k in range(10))  # 0.25M .. 128M elements
-VARIANTS.update(BASELINE_VARIANTS)  # what a torch user runs instead (opt-in: ``all`` stays the three)
+PARTITION_SWEEP = tuple(250_000 * 2**k for k in range(6))  # 0.25M .. 8M elements (the default 1M among them)
+VARIANTS.update(BASELINE_VARIANTS)  # what a torch user runs instead, on all-reduce
+BASELINE_CHOICES = tuple(BASELINE_VARIANTS)
 
 
 @dataclass
@@ -43,17 +49,25 @@ class Comparison:
     sweep: dict[int, float] = field(default_factory=dict)  # credit -> iteration seconds
     best_bucket: int | None = None  # ddp_best's bucket, bytes
     bucket_sweep: dict[int, float] = field(default_factory=dict)  # bucket bytes -> iteration seconds
+    best_horovod: tuple[float, int] | None = None  # horovod_best's (cycle seconds, fusion bytes)
+    horovod_sweep: dict[tuple[float, int], float] = field(default_factory=dict)  # -> iteration seconds
 
 
-def parse_schedulers(text: str) -> list[str]:
+def all_choices(arch: str) -> tuple[str, ...]:
+    """What ``all`` means: the schedulers, and on all-reduce the baselines (DDP and Horovod are
+    all-reduce; a parameter server has no such baseline)."""
+    return SCHEDULER_CHOICES + (BASELINE_CHOICES if arch == "allreduce" else ())
+
+
+def parse_schedulers(text: str, arch: str = "ps") -> list[str]:
+    everything = all_choices(arch)
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    if names == ["all"]:
-        return list(SCHEDULER_CHOICES)
-    names = list(dict.fromkeys(m for n in names for m in (SCHEDULER_CHOICES if n == "all" else (n,))))
+    names = list(dict.fromkeys(m for n in names for m in (everything if n == "all" else (n,))))
     bad = [n for n in names if n not in VARIANTS]
     if bad or not names:
         raise UserError(f"scheduler {', '.join(bad) or repr(text)} is unknown; valid: "
-                        f"{', '.join(VARIANTS)} (comma-separated; all = {', '.join(SCHEDULER_CHOICES)})")
+                        f"{', '.join(VARIANTS)} (comma-separated; all = {', '.join(SCHEDULER_CHOICES)}, "
+                        f"and {', '.join(BASELINE_CHOICES)} on all-reduce)")
     return names
 
 
@@ -66,7 +80,7 @@ def variant_settings(name: str, base: Settings) -> Settings:
     }[name]
 
 
-def compare(layers: Sequence[Layer], cluster: ClusterSpec, schedulers: Iterable[str],
+def compare(layers: Sequence[Layer], cluster: SimulatedCluster, schedulers: Iterable[str],
             base: Settings = Settings(), iterations: int = 30, warmup: int = 10,
             trace_iteration: int | None = None, progress: Callable[[str], None] | None = None,
             synchronised: bool = False) -> Comparison:
@@ -83,14 +97,19 @@ def compare(layers: Sequence[Layer], cluster: ClusterSpec, schedulers: Iterable[
     for choice in schedulers:
         for name in VARIANTS[choice]:
             tick(name)
-            if name in ("ddp", "ddp_best", "horovod"):
-                bucket = {}
+            if name in ("ddp", "ddp_best", "horovod", "horovod_best"):
+                knobs = {}
                 if name == "ddp_best":
                     comparison.best_bucket, comparison.bucket_sweep = best_bucket(layers, cluster, iterations, warmup,
                                                                                      synchronised=synchronised)
-                    bucket = {"bucket_bytes": comparison.best_bucket}
+                    knobs = {"bucket_bytes": comparison.best_bucket}
+                if name == "horovod_best":
+                    comparison.best_horovod, comparison.horovod_sweep = best_horovod(
+                        layers, cluster, iterations, warmup, synchronised=synchronised)
+                    cycle, fusion = comparison.best_horovod
+                    knobs = {"cycle_s": cycle, "fusion_bytes": fusion}
                 comparison.results[name] = simulate_baseline(name, layers, cluster, iterations, warmup,
-                                                             trace_iteration, synchronised, **bucket)
+                                                             trace_iteration, synchronised, **knobs)
                 continue
             if name == "bytescheduler_best":
                 for credit in CREDIT_SWEEP:
@@ -102,6 +121,19 @@ def compare(layers: Sequence[Layer], cluster: ClusterSpec, schedulers: Iterable[
                 settings = variant_settings(name, base)
             comparison.results[name] = run(settings)
     return comparison
+
+
+def best_bytescheduler(layers: Sequence[Layer], cluster: SimulatedCluster, base: Settings = Settings(),
+                       iterations: int = 30, warmup: int = 10, credits: Sequence[int] = CREDIT_SWEEP,
+                       partitions: Sequence[int] = PARTITION_SWEEP,
+                       synchronised: bool = False) -> tuple[tuple[int, int], dict[tuple[int, int], float]]:
+    """ByteScheduler's (credit, partition) of ``credits`` x ``partitions`` with the shortest iteration,
+    and every pair's iteration seconds."""
+    settings = variant_settings("bytescheduler", base)
+    times = {(credit, partition): simulate(layers, cluster, settings.replace(credit=credit, partition=partition),
+                                           iterations, warmup, None, synchronised).iter_s
+             for partition in partitions for credit in credits}
+    return min(times, key=times.get), times
 
 
 def report(comparison: Comparison, **header) -> dict:
@@ -117,6 +149,8 @@ def report(comparison: Comparison, **header) -> dict:
             entry["credit"] = comparison.best_credit
         if name == "ddp_best":
             entry["bucket_bytes"] = comparison.best_bucket
+        if name == "horovod_best":
+            entry["cycle_s"], entry["fusion_bytes"] = comparison.best_horovod
         results[name] = entry
     out = dict(header)
     out["lower_bound_ms"] = round(bound * 1e3, 4)
@@ -126,6 +160,9 @@ def report(comparison: Comparison, **header) -> dict:
         out["credit_sweep_ms"] = {str(c): round(t * 1e3, 4) for c, t in comparison.sweep.items()}
     if comparison.bucket_sweep:
         out["bucket_sweep_ms"] = {str(b): round(t * 1e3, 4) for b, t in comparison.bucket_sweep.items()}
+    if comparison.horovod_sweep:
+        out["horovod_sweep_ms"] = {f"{c * 1e3:g}ms/{f}": round(t * 1e3, 4)
+                                   for (c, f), t in comparison.horovod_sweep.items()}
     return out
 
 

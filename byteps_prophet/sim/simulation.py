@@ -14,10 +14,8 @@ step's communication with no forward to overlap) count as the benchmarks count t
 """
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections import deque
 import math
+from collections import deque
 import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -26,12 +24,14 @@ from byteps_prophet.core import EngineTraits, Settings, Task, make_scheduler
 from byteps_prophet.core.link_monitor import LinkMonitor
 from byteps_prophet.core.task import Fused
 from byteps_prophet.errors import UserError
+from byteps_prophet.sim.events import EventLoop
 from byteps_prophet.sim.network import (ARCHITECTURES, Conditions, ParameterServerNetwork, RingAllReduceNetwork,
                                        SharedServerNetwork)
+from byteps_prophet.sim.replay import SkewHold
 
 DEFAULT_OVERHEAD = 50e-6  # per message per link: the "0.05 ms per message" of the simple model
 SYNCHRONISED = -1  # ``Simulation._waiting_for``: every parameter (a synchronised run's first timed step)
-MAX_SIMULATED_WORKERS = 64  # workers simulated one by one (``ClusterSpec.skew``); the representative scales
+MAX_SIMULATED_WORKERS = 64  # workers simulated one by one (``SimulatedCluster.skew``); the representative scales
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Layer:
 
 
 @dataclass(frozen=True)
-class ClusterSpec:
+class SimulatedCluster:
     """The simulated cluster. ``engine`` (calibrated traits, ``core.traits``) describes the engine;
     without one, an ideal engine of ``arch`` whose messages cost ``overhead`` on every link."""
     workers: int = 8
@@ -175,27 +175,8 @@ class SimResult:
         return self.iteration_starts[-1] - self.iteration_starts[0]
 
 
-class EventLoop:
-    def __init__(self) -> None:
-        self._heap: list = []
-        self._seq = itertools.count()
-        self.time = 0.0
-
-    def now(self) -> float:
-        return self.time
-
-    def at(self, when: float, callback: Callable, arg=None) -> None:
-        heapq.heappush(self._heap, (when, next(self._seq), callback, arg))
-
-    def run(self) -> None:
-        heap = self._heap
-        while heap:
-            self.time, _, callback, arg = heapq.heappop(heap)
-            callback(arg)
-
-
 class Simulation:
-    def __init__(self, layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings,
+    def __init__(self, layers: Sequence[Layer], cluster: SimulatedCluster, settings: Settings,
                  iterations: int = 30, warmup: int = 10, trace_iteration: int | None = None,
                  synchronised: bool = False, *, loop: EventLoop | None = None, port=None,
                  worker: int | None = None) -> None:
@@ -390,7 +371,7 @@ class Simulation:
                          cycle, window, self._backward_starts)
 
 
-def engine_traits(cluster: ClusterSpec, settings: Settings) -> EngineTraits:
+def engine_traits(cluster: SimulatedCluster, settings: Settings) -> EngineTraits:
     """The cluster's engine, with the plugin's atoms where the settings give them
     (``BYTEPS_PROPHET_ATOM_ELEMENTS``)."""
     traits = cluster.traits
@@ -399,7 +380,7 @@ def engine_traits(cluster: ClusterSpec, settings: Settings) -> EngineTraits:
     return traits
 
 
-def simulate(layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings, iterations: int = 30,
+def simulate(layers: Sequence[Layer], cluster: SimulatedCluster, settings: Settings, iterations: int = 30,
              warmup: int = 10, trace_iteration: int | None = None, synchronised: bool = False) -> SimResult:
     """One representative worker (``Simulation``), or every worker on its own where the cluster has a
     ``skew``."""
@@ -408,7 +389,7 @@ def simulate(layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings, 
     return simulate_every_worker(layers, cluster, settings, iterations, warmup, trace_iteration, synchronised)
 
 
-def simulate_every_worker(layers: Sequence[Layer], cluster: ClusterSpec, settings: Settings, iterations: int = 30,
+def simulate_every_worker(layers: Sequence[Layer], cluster: SimulatedCluster, settings: Settings, iterations: int = 30,
                           warmup: int = 10, trace_iteration: int | None = None,
                           synchronised: bool = False) -> SimResult:
     """Every worker of a parameter server on its own, each with its own compute (the same layers),
@@ -444,47 +425,6 @@ def simulate_every_worker(layers: Sequence[Layer], cluster: ClusterSpec, setting
     first, *others = [simulation.result() for simulation in workers]
     first.others = others
     return first
-
-
-class SkewHold:
-    """Holds worker 1 of a two-worker ``SharedServerNetwork`` ``skew`` seconds behind worker 0: once
-    both started an iteration, worker 1's weight on the servers' ingress (``favour``) is
-    exp(PROPORTIONAL x its lateness beyond the skew + INTEGRAL x that lateness summed over the
-    iterations so far), lateness counted in iterations (of worker 0's last), within [1/LIMIT, LIMIT].
-    The summed term holds a steady drift; the proportional one damps the swings the summed one alone
-    sets off.
-
-    Which worker's connection TCP favours, and how much, decides whether two workers drift apart or
-    stay in step; it differs from cluster to cluster and burst to burst (``scripts/bench_shares.py``:
-    the later worker's share of the bytes sent, 0.28 to 0.71), and equal shares, which the simulator
-    otherwise gives, drift every pair apart. A replay takes the recorded skew as the trace of that
-    favour, and this gives the favour that keeps it. LIMIT 2: a share of two thirds, about the most
-    measured (between two workers, which is why ``ClusterSpec`` allows it for two)."""
-
-    PROPORTIONAL = 3.0  # log-weight per iteration of lateness now
-    INTEGRAL = 1.0  # log-weight per iteration of lateness summed over the iterations so far
-    LIMIT = 2.0
-
-    def __init__(self, network, skew: float) -> None:
-        self.network, self.skew = network, skew
-        self._starts: dict[int, dict[int, float]] = {}  # iteration -> worker -> its start, until both started
-        self._leader_start: float | None = None
-        self._summed = 0.0  # worker 1's lateness so far, in iterations
-
-    def started(self, worker: int, iteration: int, time: float) -> None:
-        starts = self._starts.setdefault(iteration, {})
-        starts[worker] = time
-        if len(starts) < 2:
-            return
-        del self._starts[iteration]
-        previous, self._leader_start = self._leader_start, starts[0]
-        if previous is None or starts[0] <= previous:
-            return  # no iteration's time yet to measure lateness in
-        lateness = (starts[1] - starts[0] - self.skew) / (starts[0] - previous)
-        bound = math.log(self.LIMIT) / self.INTEGRAL  # the sum winds up no further than the limit
-        self._summed = min(bound, max(-bound, self._summed + lateness))
-        weight = math.exp(self.PROPORTIONAL * lateness + self.INTEGRAL * self._summed)
-        self.network.favour(1, min(self.LIMIT, max(1 / self.LIMIT, weight)))
 
 
 class Follower:
@@ -535,7 +475,7 @@ class Follower:
         pass
 
 
-def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:
+def lower_bound_s(layers: Sequence[Layer], cluster: SimulatedCluster) -> float:
     """docs/ALGORITHMS.md section 4: max(C, T_comm, C + time to sync gradient 0).
 
     Section 4 charges the sync of gradient 0's first partition; Prophet's default mode cuts
@@ -551,78 +491,9 @@ def lower_bound_s(layers: Sequence[Layer], cluster: ClusterSpec) -> float:
 
 def layers_from(model, times, recorded=()) -> list[Layer]:
     """Simulator layers from a zoo ``ModelSpec`` (or a profile's) and its ``LayerTimes``; ``recorded``:
-    ``LayerTimes`` of each recorded iteration, replayed in turn (``Profile.iteration_times``)."""
+    ``LayerTimes`` of each recorded iteration, replayed in turn (``recorded.iteration_times``)."""
     return [
         Layer(t.name, tuple(t.shape), fwd, bwd, getattr(t, "itemsize", 4),
               tuple((it.fwd_s[k], it.bwd_s[k]) for it in recorded))
         for k, (t, fwd, bwd) in enumerate(zip(model.tensors, times.fwd_s, times.bwd_s))
     ]
-
-
-def stream_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_bytes: int, ops: int,
-                  window: int) -> list[float]:
-    """When the simulator's network completes each of ``ops`` ops of ``tensor_bytes``, sent from time 0
-    with at most ``window`` in flight (the next as one completes; ``window=ops``: all at once): the
-    calibration's back-to-back groups and windowed streams, replayed (``calibrate/fit.py``)."""
-    loop = EventLoop()
-    kind = ParameterServerNetwork if traits.is_parameter_server else RingAllReduceNetwork
-    network = kind(workers, traits, Conditions(bandwidth), 0.0, loop.at, loop.now)
-    tasks = [Task(f"op{i}", i, (max(1, tensor_bytes // 4),)) for i in range(ops)]
-    done: list[float] = []
-
-    def finished(_task) -> None:
-        done.append(loop.time)
-        following = len(done) + window - 1
-        if following < ops:
-            network.send(tasks[following])
-
-    network.on_finished = finished
-    loop.at(0.0, lambda _: [network.send(task) for task in tasks[:window]])
-    loop.run()
-    return done
-
-
-def bursts_done_s(traits: EngineTraits, bandwidth: float, workers: int, tensor_bytes: int, ops: int, bursts: int,
-                  starts: Sequence[float] | None = None,
-                  gaps_s: Sequence[float] | None = None,
-                  compute_s: float = 0.0) -> list[list[tuple[float, list[float]]]]:
-    """When each worker of a parameter server, every one on its own port of the servers' shared links
-    (``SharedServerNetwork``), completes each of ``ops`` ops of ``tensor_bytes`` it sends at once, at
-    its time in ``starts`` (default: all at 0, in step), op i ``i x`` its gap in ``gaps_s`` after its
-    burst's start (default: all at once), ``bursts`` times back to back (its next burst ``compute_s``
-    after the last answer of the one before, the worker computing meanwhile), as
-    scripts/bench_shares.py measures them. Per worker, per burst: when it was sent and when each op
-    completed (the same op of every worker answered once all pushed it in that burst)."""
-    loop = EventLoop()
-    network = SharedServerNetwork(workers, traits, Conditions(bandwidth), 0.0, loop.at, loop.now)
-    runs: list[list[tuple[float, list[float]]]] = [[] for _ in range(workers)]
-
-    def send(worker: int) -> None:
-        burst = len(runs[worker])
-        runs[worker].append((loop.time, []))
-        for i in range(ops):
-            task = Task(f"op{i}", i, (max(1, tensor_bytes // 4),), iteration=burst)
-            if gaps_s and gaps_s[worker]:
-                loop.at(loop.time + i * gaps_s[worker], lambda _, task=task: network.port(worker).send(task))
-            else:
-                network.port(worker).send(task)
-
-    def computed(worker: int) -> None:
-        network.port(worker).computing = lambda: False
-        send(worker)
-
-    def finished(worker: int) -> None:
-        done = runs[worker][-1][1]
-        done.append(loop.time)
-        if len(done) == ops and len(runs[worker]) < bursts:
-            if compute_s:
-                network.port(worker).computing = lambda: True
-                loop.at(loop.time + compute_s, lambda _, w=worker: computed(w))
-            else:
-                send(worker)
-
-    for w in range(workers):
-        network.port(w).on_finished = lambda _task, w=w: finished(w)
-        loop.at(starts[w] if starts else 0.0, lambda _, w=w: send(w))
-    loop.run()
-    return runs

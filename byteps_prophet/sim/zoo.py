@@ -31,7 +31,7 @@ Backward rule: ``bwd = 2 x fwd`` for every tensor, FLOPs and bytes alike. A conv
 backward computes two products each as costly as the forward (gradient w.r.t. the input and w.r.t.
 the weight); an elementwise layer's backward reads the output gradient and the saved input and
 writes the input gradient. The first layer's input gradient, which frameworks skip, is still
-counted (a <1% effect on ResNet-50); per-batch costs (writing a weight gradient once per batch) are
+counted (a small effect); per-batch costs (writing a weight gradient once per batch) are
 not modelled.
 """
 from __future__ import annotations

@@ -29,7 +29,7 @@ from bench_sim import write_compact  # scripts/ is on the path when run as a scr
 from byteps_prophet.core import Settings
 from byteps_prophet.sim.baseline_runs import BUCKET_SWEEP, best_bucket, simulate_baseline
 from byteps_prophet.sim.costmodel import compute_times
-from byteps_prophet.sim.simulation import ClusterSpec, Simulation, layers_from, lower_bound_s
+from byteps_prophet.sim.simulation import SimulatedCluster, Simulation, layers_from, lower_bound_s
 from byteps_prophet.sim.zoo import MODELS, get_model
 
 GBIT = 1e9 / 8
@@ -141,13 +141,13 @@ def main() -> int:
         layers = layers_from(spec, compute_times(spec, spec.default_batch))
         for w in workers:
             for g in gbits:
-                c = cell(layers, ClusterSpec(workers=w, arch="allreduce", bandwidth=g * GBIT), args.iterations)
+                c = cell(layers, SimulatedCluster(workers=w, arch="allreduce", bandwidth=g * GBIT), args.iterations)
                 grid.append({"model": m, "arch": "allreduce", "workers": w, "gbit": g, **c})
                 print(f"{m:>13} {w:>3}w {g:>5g}G  prophet/best {c['prophet_vs_best_baseline']:.4f}  "
                       f"prophet/ddp {c['prophet_vs_ddp']:.4f}  16M partition/best {c['prophet_partition_16m_vs_best_baseline']:.4f}  no-fusion bound/best "
                       f"{c['no_fusion_bound_vs_best_baseline']:.4f}", file=sys.stderr)
     result = {"setup": {"arch": "allreduce", "iterations": args.iterations, "warmup": min(10, args.iterations // 3),
-                        "batch": "each model's default", "device": "cost model default", "overhead_s": ClusterSpec().overhead,
+                        "batch": "each model's default", "device": "cost model default", "overhead_s": SimulatedCluster().overhead,
                         "bucket_sweep_bytes": list(BUCKET_SWEEP), "horovod": "cycle 1 ms, fusion 128 MiB",
                         "ddp": "bucket 25 MiB, first bucket 1 MiB"},
               "grid": grid}

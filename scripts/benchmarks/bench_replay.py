@@ -159,7 +159,7 @@ def tcp_args(spec: dict) -> list[str]:
 
 def recorded_skews(profile: Path, steps: int) -> list[float]:
     """How far the other worker ran behind the leader in each timed step, from both workers' traces
-    beside the profile (``ab --record``; ``simulate --skew``, scripts/bench_skew.py); [] without them."""
+    beside the profile (``ab --record``; ``simulate --skew``, docs/ENGINE.md "Workers out of step"); [] without them."""
     from byteps_prophet.core.trace import step_skews
 
     base = profile.name[: -len(".profile.json")]
@@ -281,8 +281,8 @@ def _replay(names: list[str], iterations: int | None, overrides: dict | None, sc
             profile = os.path.relpath(folder / r["profile"], ROOT)  # commands in the results run from the root
             recording = json.loads((ROOT / profile).read_text())
             skews = step_skews_of(r, cfg["arch"])
-            # Prophet's fusion as recorded (BYTEPS_PROPHET_FUSE, in the profile's meta since 33's fusion
-            # work; recordings without it did not fuse): a replay of an unfused run must not fuse
+            # Prophet's fusion as recorded (BYTEPS_PROPHET_FUSE, in the profile's meta where it was set;
+            # recordings without it did not fuse): a replay of an unfused run must not fuse
             fuse = "1" if recording.get("meta", {}).get("fuse") else "0"
             env = {"BYTEPS_PROPHET_FUSE": fuse, **cfg.get("env", {})}
             by_skew = {}  # skew (None: one representative worker) -> (argv, the simulator's result)

@@ -1,13 +1,19 @@
 #!/usr/bin/env python
 """Simulator benchmark: the scheduler grid, a changing-conditions run, decision cost, simulator speed,
-and the scale grid (calibrated engines, 2-256 workers, stragglers, fewer servers).
+and the scale grid (calibrated engines, 2-256 workers, 1-100 Gbit/s, stragglers, fewer servers).
 
-Writes one JSON file (default out/bench_sim.json) and prints a summary. Every cell runs FIFO,
+Writes one JSON file (default out/bench_sim.json) and prints a summary. Every grid cell runs FIFO,
 ByteScheduler with the default credit and with the best credit of a sweep, Prophet (default and
-paper) and reports each as a ratio to the best credit and to the lower bound.
+paper) and reports each as a ratio to the best credit and to the lower bound. Every scale cell runs
+Prophet and every baseline at its defaults and at the best of its own sweep on the same engine:
+ByteScheduler's credit and partition together, and on all-reduce DDP's bucket and Horovod's cycle
+time and fusion threshold; it reports Prophet against each.
 
     .venv/bin/python scripts/benchmarks/bench_sim.py                 # the full grid (several minutes)
     .venv/bin/python scripts/benchmarks/bench_sim.py --quick         # resnet50 + vgg16, 8 workers
+    .venv/bin/python scripts/benchmarks/bench_sim.py --parts scale --out out/bench_scale.json \\
+        --compact-scale scripts/benchmarks/data/bench_sim_scale.json  # the scale grid (tens of minutes)
+    .venv/bin/python scripts/benchmarks/bench_sim.py --parts scale --quick  # its homogeneous cells at 8, 256 workers
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,8 +32,10 @@ from tqdm import tqdm
 from byteps_prophet.core import EngineTraits, ManualClock, Settings, Task, make_scheduler
 from byteps_prophet.core.traits import load_engine
 from byteps_prophet.sim.costmodel import compute_times
-from byteps_prophet.sim.simulation import ClusterSpec, Simulation, layers_from, lower_bound_s
-from byteps_prophet.sim.runner import CREDIT_SWEEP, compare
+from byteps_prophet.sim.simulation import SimulatedCluster, Simulation, layers_from, lower_bound_s
+from byteps_prophet.sim.baseline_runs import (BUCKET_SWEEP, CYCLE_SWEEP, FUSION_SWEEP, best_bucket, best_horovod,
+                                              simulate_baseline)
+from byteps_prophet.sim.runner import CREDIT_SWEEP, PARTITION_SWEEP, best_bytescheduler, compare, variant_settings
 from byteps_prophet.sim.zoo import MODELS, get_model
 
 GBIT = 1e9 / 8
@@ -75,7 +84,7 @@ CHANGING_CASES = (("resnet50", "ps"), ("vgg16", "ps"), ("resnet50", "allreduce")
 def changing_case(model_name, arch, iterations):
     model = get_model(model_name)
     layers = layers_from(model, compute_times(model, 32))
-    cluster = ClusterSpec(workers=8, arch=arch, bandwidth=10 * GBIT,
+    cluster = SimulatedCluster(workers=8, arch=arch, bandwidth=10 * GBIT,
                           bandwidth_steps=((2.0, 3 * GBIT), (4.5, 25 * GBIT)),
                           compute_steps=((3.0, 1.3), (5.5, 1.0)))
     run = lambda s: Simulation(layers, cluster, s, iterations, warmup=0).run().finish_s  # noqa: E731
@@ -197,7 +206,7 @@ def simulator_speed(repeats=3):
     for _ in range(repeats):
         for name, settings in variants.items():
             t0 = time.perf_counter()
-            Simulation(layers, ClusterSpec(workers=32, bandwidth=10 * GBIT), settings, 100).run()
+            Simulation(layers, SimulatedCluster(workers=32, bandwidth=10 * GBIT), settings, 100).run()
             runs[name].append(time.perf_counter() - t0)
     times = {name: {"median_s": statistics.median(r), "min_s": min(r), "max_s": max(r)} for name, r in runs.items()}
     return {"setup": f"resnet50, 32 workers, ps, 10 Gbit/s, 100 iterations, {repeats} interleaved repeats",
@@ -205,7 +214,7 @@ def simulator_speed(repeats=3):
 
 
 SCALE_WORKERS = (2, 8, 32, 128, 256)
-SCALE_GBIT = (1, 10)
+SCALE_GBIT = (1, 10, 100)
 # Scale effects on top of the engine: name -> what changes in the cluster at ``workers`` workers.
 SCALE_CASES = {
     "homogeneous": lambda workers: {},
@@ -213,43 +222,78 @@ SCALE_CASES = {
     "slow_worker_1.5x": lambda workers: {"slow_worker": 1.5},
     "servers_quarter": lambda workers: {"servers": max(1, workers // 4)},  # parameter server only
 }
+# --quick: the homogeneous case at a few workers and every bandwidth
+QUICK_SCALE = {"cases": ("homogeneous",), "workers": (8, 256), "gbits": SCALE_GBIT}
+# Every baseline at its best over its own knobs, each swept on the same engine as Prophet runs on:
+# ByteScheduler's credit and partition together, DDP's bucket, Horovod's cycle time and fusion threshold
+# (the last two all-reduce only).
+BEST = {"ps": ("bytescheduler_swept",), "allreduce": ("bytescheduler_swept", "ddp_best", "horovod_best")}
 
 
-def scale_grid(engines: dict, iterations: int, models=("resnet50", "vgg16")) -> dict:
-    """Prophet against the default and the best credit at 2 to 256 workers, with the calibrated
+def scale_cell(layers, cluster, iterations: int, warmup: int) -> dict:
+    """One scale cell: Prophet (default settings, fused on all-reduce) and every baseline at its
+    defaults and at the best of its sweep."""
+    run = lambda settings: Simulation(layers, cluster, settings, iterations, warmup).run().iter_s  # noqa: E731
+    (credit, partition), sweep = best_bytescheduler(layers, cluster, iterations=iterations, warmup=warmup)
+    default_partition = {c: t for (c, p), t in sweep.items() if p == Settings().partition}
+    ms = {"bytescheduler": run(variant_settings("bytescheduler", Settings())),
+          "bytescheduler_best": min(default_partition.values()),  # the credit alone, at the default partition
+          "bytescheduler_swept": sweep[(credit, partition)],
+          "prophet": run(variant_settings("prophet", Settings()))}
+    knobs = {"best_credit": min(default_partition, key=default_partition.get),
+             "best_credit_partition": [credit, partition]}
+    if cluster.arch == "allreduce":
+        ms["ddp"] = simulate_baseline("ddp", layers, cluster, iterations, warmup).iter_s
+        knobs["best_bucket"], buckets = best_bucket(layers, cluster, iterations, warmup)
+        ms["ddp_best"] = buckets[knobs["best_bucket"]]
+        ms["horovod"] = simulate_baseline("horovod", layers, cluster, iterations, warmup).iter_s
+        (cycle, fusion), fusions = best_horovod(layers, cluster, iterations, warmup)
+        ms["horovod_best"], knobs["best_horovod_cycle_fusion"] = fusions[(cycle, fusion)], [cycle, fusion]
+    ms = {k: v * 1e3 for k, v in ms.items()}
+    ratios = {f"prophet_vs_{name}": ms["prophet"] / ms[name] for name in ("bytescheduler", "bytescheduler_best")
+              + BEST[cluster.arch]}
+    return {**knobs, "iter_ms": ms, **ratios}
+
+
+def scale_grid(engines: dict, iterations: int, models=("resnet50", "vgg16"), cases=tuple(SCALE_CASES),
+               workers=SCALE_WORKERS, gbits=SCALE_GBIT) -> dict:
+    """Prophet against every baseline at its best (``BEST``) at 2 to 256 workers, with the calibrated
     engines' traits (``engines``: arch -> EngineTraits) and the scale effects of ``SCALE_CASES``."""
     warmup = min(10, iterations // 3)
-    cells = [(m, arch, case, w, g) for m in models for arch in engines for case in SCALE_CASES
-             for w in SCALE_WORKERS for g in SCALE_GBIT if not (arch == "allreduce" and case == "servers_quarter")]
+    cells = [(m, arch, case, w, g) for m in models for arch in engines for case in cases
+             for w in workers for g in gbits if not (arch == "allreduce" and case == "servers_quarter")]
     rows = []
     for m, arch, case, w, g in tqdm(cells, desc="scale"):
         spec = get_model(m)
         layers = layers_from(spec, compute_times(spec, spec.default_batch))
         # as many servers as workers unless the case says otherwise (the engine was calibrated on one)
         changes = {"servers": w if arch == "ps" else None, **SCALE_CASES[case](w)}
-        cluster = ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT, engine=engines[arch], **changes)
-        c = compare(layers, cluster, ["bytescheduler", "prophet"], iterations=iterations, warmup=warmup)
-        r = {name: res.iter_s * 1e3 for name, res in c.results.items()}
-        rows.append({"model": m, "arch": arch, "case": case, "workers": w, "gbit": g, "best_credit": c.best_credit,
-                     "iter_ms": r, "prophet_vs_default_credit": r["prophet"] / r["bytescheduler"],
-                     "prophet_vs_best_credit": r["prophet"] / r["bytescheduler_best"]})
+        cluster = SimulatedCluster(workers=w, arch=arch, bandwidth=g * GBIT, engine=engines[arch], **changes)
+        rows.append({"model": m, "arch": arch, "case": case, "workers": w, "gbit": g,
+                     **scale_cell(layers, cluster, iterations, warmup)})
     return {"setup": {"iterations": iterations, "warmup": warmup, "engines": {a: e.to_dict() for a, e in engines.items()},
-                      "cases": list(SCALE_CASES), "workers": list(SCALE_WORKERS), "gbit": list(SCALE_GBIT)},
+                      "cases": list(cases), "workers": list(workers), "gbit": list(gbits), "models": list(models),
+                      "sweeps": {"bytescheduler_credit": list(CREDIT_SWEEP),
+                                 "bytescheduler_partition": list(PARTITION_SWEEP),
+                                 "ddp_bucket_bytes": list(BUCKET_SWEEP), "horovod_cycle_s": list(CYCLE_SWEEP),
+                                 "horovod_fusion_bytes": list(FUSION_SWEEP)}},
             "cells": rows, "summary": summarize_scale(rows)}
 
 
 def summarize_scale(rows) -> dict:
-    """Where Prophet gains or loses against the default and the best credit, by case and worker count."""
+    """Prophet against each baseline at its defaults and at its best, by architecture and case, per
+    worker count: the lowest and highest ratio of Prophet's iteration time to the baseline's over the
+    cells (models and bandwidths; below 1: Prophet faster)."""
     summary = {}
     for case in SCALE_CASES:
         for arch in sorted({r["arch"] for r in rows}):
             sub = [r for r in rows if r["case"] == case and r["arch"] == arch]
             if not sub:
                 continue
+            keys = [k for k in sub[0] if k.startswith("prophet_vs_")]
             summary[f"{arch}/{case}"] = {
-                str(w): {"vs_default_credit_worst": round(max(r["prophet_vs_default_credit"] for r in cells), 4),
-                         "vs_default_credit_best": round(min(r["prophet_vs_default_credit"] for r in cells), 4),
-                         "vs_best_credit_worst": round(max(r["prophet_vs_best_credit"] for r in cells), 4)}
+                str(w): {k: {"min": round(min(r[k] for r in cells), 4), "max": round(max(r[k] for r in cells), 4)}
+                         for k in keys}
                 for w in SCALE_WORKERS if (cells := [r for r in sub if r["workers"] == w])}
     return summary
 
@@ -269,13 +313,32 @@ def compact(result: dict) -> dict:
                              "best_credit", *(f"{k}_ms" for k in COLUMNS)],
             "grid": rows, "summary": result.get("summary"),
             **{k: result[k] for k in ("changing_conditions", "decision_cost", "simulator_speed") if k in result},
-            **({"scale": {"setup": result["scale"]["setup"], "summary": result["scale"]["summary"],
-                          "columns": ["model", "arch", "case", "workers", "gbit", "best_credit", "bytescheduler_ms",
-                                      "bytescheduler_best_ms", "prophet_ms"],
-                          "cells": [[r["model"], r["arch"], r["case"], r["workers"], r["gbit"], r["best_credit"],
-                                     *(round(r["iter_ms"][k], 3) for k in ("bytescheduler", "bytescheduler_best",
-                                                                           "prophet"))]
-                                    for r in result["scale"]["cells"]]}} if "scale" in result else {})}
+            **({"scale": compact_scale(result["scale"])} if "scale" in result else {})}
+
+
+SCALE_COLUMNS = ("bytescheduler", "bytescheduler_best", "bytescheduler_swept", "prophet", "ddp", "ddp_best", "horovod",
+                 "horovod_best")
+SCALE_KNOBS = ("best_credit", "best_credit_partition", "best_bucket", "best_horovod_cycle_fusion")
+
+
+def compact_scale(scale: dict) -> dict:
+    """The scale grid in its committed form: one row per cell, iteration times in ms (None: the
+    baseline does not apply, DDP and Horovod on a parameter server)."""
+    return {"setup": scale["setup"], "summary": scale["summary"],
+            "columns": ["model", "arch", "case", "workers", "gbit", *SCALE_KNOBS, *(f"{k}_ms" for k in SCALE_COLUMNS)],
+            "cells": [[r["model"], r["arch"], r["case"], r["workers"], r["gbit"], *(r.get(k) for k in SCALE_KNOBS),
+                       *(round(r["iter_ms"][k], 3) if k in r["iter_ms"] else None for k in SCALE_COLUMNS)]
+                      for r in scale["cells"]]}
+
+
+def provenance() -> dict:
+    """The commit the run started on and the command that ran it, recorded in what it writes."""
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parent).stdout.strip()
+    commit = (proc.stdout.strip() or "unknown") + ("+changes" if dirty else "")
+    return {"commit": commit, "command": " ".join(["scripts/benchmarks/bench_sim.py", *sys.argv[1:]])}
 
 
 def write_compact(path: str, data: dict) -> None:
@@ -316,10 +379,14 @@ def summarize(grid) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/bench_sim.json")
-    ap.add_argument("--quick", action="store_true", help="resnet50 and vgg16, 8 workers only")
+    ap.add_argument("--quick", action="store_true",
+                    help="the grid: resnet50 and vgg16, 8 workers only; the scale grid: the homogeneous case at "
+                         "8 and 256 workers")
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--workers", default="2,8,32", help="comma-separated worker counts of the grid")
     ap.add_argument("--compact", metavar="JSON", help="also write a compact copy (scripts/benchmarks/data/bench_sim_results.json)")
+    ap.add_argument("--compact-scale", metavar="JSON",
+                    help="also write the scale grid alone in its compact form (scripts/benchmarks/data/bench_sim_scale.json)")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help="comma-separated parts to run (grid, changing, decision, speed, scale); the others are "
                          "kept from an existing --out file, so the timed parts can run alone under a lock")
@@ -351,9 +418,9 @@ def main() -> None:
             if m not in layer_cache:
                 spec = get_model(m)
                 layer_cache[m] = layers_from(spec, compute_times(spec, spec.default_batch))
-            cell = grid_cell(layer_cache[m], ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT), args.iterations)
+            cell = grid_cell(layer_cache[m], SimulatedCluster(workers=w, arch=arch, bandwidth=g * GBIT), args.iterations)
             cell = {"model": m, "arch": arch, "workers": w, "gbit": g, **cell}
-            add_message_bound(cell, layer_cache[m], ClusterSpec(workers=w, arch=arch, bandwidth=g * GBIT))
+            add_message_bound(cell, layer_cache[m], SimulatedCluster(workers=w, arch=arch, bandwidth=g * GBIT))
             grid.append(cell)
         result["grid_setup"] = {"iterations": args.iterations, "warmup": min(10, args.iterations // 3),
                                 "batch": "each model's default", "credit_sweep": list(CREDIT_SWEEP)}
@@ -372,7 +439,10 @@ def main() -> None:
         print(json.dumps(result["simulator_speed"]["wall"]))
     if "scale" in parts:
         engines = {"ps": load_engine(args.engine_ps), "allreduce": load_engine(args.engine_allreduce)}
-        result["scale"] = scale_grid(engines, args.iterations)
+        quick = QUICK_SCALE if args.quick else {}
+        started = provenance()  # the code the run starts on
+        result["scale"] = scale_grid(engines, args.iterations, **quick)
+        result["scale"]["setup"].update(started)
         print(json.dumps(result["scale"]["summary"], indent=1))
     out.parent.mkdir(parents=True, exist_ok=True)
     if parts:
@@ -380,6 +450,11 @@ def main() -> None:
         print(f"wrote {args.out}")
     if args.compact:
         write_compact(args.compact, compact(result))
+    if args.compact_scale:
+        if "scale" not in result:
+            print(f"--compact-scale: {args.out} holds no scale grid; valid: --parts with scale", file=sys.stderr)
+            raise SystemExit(2)
+        write_compact(args.compact_scale, compact_scale(result["scale"]))
 
 
 if __name__ == "__main__":

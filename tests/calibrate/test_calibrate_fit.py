@@ -7,7 +7,7 @@ import pytest
 
 from byteps_prophet.calibrate.fit import fit_link, link_factor, repeat_spread, service_samples, traits_from, traits_from_repeats
 from byteps_prophet.core.traits import SCHEMA, EngineTraits, load_engine, save_engine
-from byteps_prophet.sim.simulation import stream_done_s
+from byteps_prophet.sim.replay import stream_done_s
 from byteps_prophet.errors import ConfigError
 
 RATE = 25e6  # bytes/s

@@ -7,7 +7,7 @@ import pytest
 from byteps_prophet.core import ByteScheduler, EngineTraits, ManualClock, Prophet, Settings, Task
 from byteps_prophet.core.bandwidth import BandwidthMonitor
 from byteps_prophet.core.prophet import TRAILING_CHUNK_BYTES
-from byteps_prophet.sim.simulation import ClusterSpec, Layer, Simulation
+from byteps_prophet.sim.simulation import Layer, SimulatedCluster, Simulation
 
 COST = 50e-6
 BANDWIDTH = 1e9  # bytes/s
@@ -174,7 +174,7 @@ def stepwise_layers():
 @pytest.mark.parametrize("arch, bandwidth", [("ps", 1e9 / 8), ("ps", 25e9 / 8), ("allreduce", 3e9 / 8),
                                              ("allreduce", 100e9 / 8)])
 def test_never_idles_the_link_while_bytes_are_pending(arch, bandwidth):
-    sim = Simulation(stepwise_layers(), ClusterSpec(workers=4, arch=arch, bandwidth=bandwidth),
+    sim = Simulation(stepwise_layers(), SimulatedCluster(workers=4, arch=arch, bandwidth=bandwidth),
                      Settings(scheduler="prophet"), iterations=12, warmup=4)
     scheduler, network, loop = sim.scheduler, sim.network, sim.loop
     first_stage = (lambda: network._up.free) if arch == "ps" else (lambda: network._free)

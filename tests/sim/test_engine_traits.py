@@ -8,7 +8,7 @@ from byteps_prophet.cli import main
 from byteps_prophet.core import EngineTraits, Settings, Task
 from byteps_prophet.core.traits import PRESETS, SCHEMA, load_engine, save_engine
 from byteps_prophet.errors import ConfigError, UserError
-from byteps_prophet.sim.simulation import ClusterSpec, Layer, Simulation
+from byteps_prophet.sim.simulation import Layer, SimulatedCluster, Simulation
 from byteps_prophet.sim.network import Conditions, ParameterServerNetwork, RingAllReduceNetwork
 
 from tests.sim.test_engine import assert_every_row_sent_once
@@ -177,7 +177,7 @@ def test_every_prophet_rule_for_pulls_following_pushes_runs_in_the_simulator():
     """With the BytePS engine Prophet models the request-wait stage, caps chunks and plans its steps,
     and still sends every row exactly once; the ideal engine gives none of those rules."""
     engine = PRESETS["byteps"].replace(message_cost_s=50e-6, startup_latency_s=0.002)
-    cluster = ClusterSpec(workers=4, bandwidth=0.25e9, engine=engine)
+    cluster = SimulatedCluster(workers=4, bandwidth=0.25e9, engine=engine)
     sim = Simulation(layers(), cluster, Settings(scheduler="prophet"), iterations=12, warmup=4)
     result = sim.run()
     prophet = sim.scheduler
@@ -186,26 +186,26 @@ def test_every_prophet_rule_for_pulls_following_pushes_runs_in_the_simulator():
     assert type(prophet.bandwidth).__name__ == "LinkMonitor" and prophet.bandwidth.latency > 0
     assert max(p.nbytes for p in result.sent if p.iteration >= 4) <= 1.25 * 2 * 1024 * 1024
     assert_every_row_sent_once(result, layers(), 12)
-    ideal = Simulation(layers(), ClusterSpec(workers=4, bandwidth=0.25e9), Settings(scheduler="prophet"), 12, 4)
+    ideal = Simulation(layers(), SimulatedCluster(workers=4, bandwidth=0.25e9), Settings(scheduler="prophet"), 12, 4)
     assert not ideal.scheduler.traits.pulls_follow_pushes and len(ideal.scheduler.link.stage_free) == 2
 
 
 def test_compute_slowdown_and_stragglers_stretch_a_compute_bound_step():
     fast = dict(bandwidth=100e9, workers=8)
-    base = Simulation(layers(), ClusterSpec(**fast), Settings(), 10, 2).run().iter_s
-    slow = Simulation(layers(), ClusterSpec(**fast, slow_worker=1.5), Settings(), 10, 2).run().iter_s
+    base = Simulation(layers(), SimulatedCluster(**fast), Settings(), 10, 2).run().iter_s
+    slow = Simulation(layers(), SimulatedCluster(**fast, slow_worker=1.5), Settings(), 10, 2).run().iter_s
     assert slow == pytest.approx(1.5 * base, rel=0.01)
-    jitter = [Simulation(layers(), ClusterSpec(**{**fast, "workers": w}, jitter=0.05), Settings(), 10, 2).run().iter_s
+    jitter = [Simulation(layers(), SimulatedCluster(**{**fast, "workers": w}, jitter=0.05), Settings(), 10, 2).run().iter_s
               for w in (2, 256)]
     assert base < jitter[0] < jitter[1] < 1.25 * base  # the slowest of more workers is slower
-    busy = ClusterSpec(workers=8, bandwidth=1e9, engine=PRESETS["ideal-ps"].replace(compute_slowdown=1.3))
-    idle = ClusterSpec(workers=8, bandwidth=1e9, engine=PRESETS["ideal-ps"])
+    busy = SimulatedCluster(workers=8, bandwidth=1e9, engine=PRESETS["ideal-ps"].replace(compute_slowdown=1.3))
+    idle = SimulatedCluster(workers=8, bandwidth=1e9, engine=PRESETS["ideal-ps"])
     assert Simulation(layers(), busy, Settings(), 10, 2).run().iter_s > Simulation(layers(), idle, Settings(), 10, 2).run().iter_s
 
 
 def test_an_engine_must_fit_the_architecture():
     with pytest.raises(UserError, match="does not fit engine 'gloo'"):
-        ClusterSpec(arch="ps", engine=PRESETS["gloo"])
+        SimulatedCluster(arch="ps", engine=PRESETS["gloo"])
 
 
 def test_engine_profile_round_trip_and_one_line_errors(tmp_path):
@@ -267,7 +267,7 @@ def test_the_hold_never_asks_for_the_same_instant_forever():
 
     model = get_model("resnet50")
     engine = PRESETS["byteps"].replace(startup_latency_s=0.00306756)
-    sim = Simulation(layers_from(model, compute_times(model, 32)), ClusterSpec(workers=2, bandwidth=1e9 / 8,
+    sim = Simulation(layers_from(model, compute_times(model, 32)), SimulatedCluster(workers=2, bandwidth=1e9 / 8,
                      engine=engine), Settings(scheduler="prophet"), iterations=12, warmup=4)
     ticks = []
     tick = sim.scheduler.tick
@@ -281,12 +281,12 @@ def test_the_plugins_atom_setting_sets_the_simulated_engines_atoms():
     """BYTEPS_PROPHET_ATOM_ELEMENTS (Settings.atom_elements) sets the atoms in the simulator as in the
     plugin (BytePS-MXNet sends Prophet's atoms as ByteScheduler's partition, 1 M elements); an engine
     without atoms (gloo, the ideal ones) keeps none."""
-    cluster = ClusterSpec(workers=2, bandwidth=0.25e9, engine=PRESETS["byteps"])
+    cluster = SimulatedCluster(workers=2, bandwidth=0.25e9, engine=PRESETS["byteps"])
     own = Simulation(layers(), cluster, Settings(scheduler="prophet"), iterations=6, warmup=2)
     set_ = Simulation(layers(), cluster, Settings(scheduler="prophet", atom_elements=65_536), iterations=6, warmup=2)
     assert own.scheduler.cut_elements == 250_000 and own.network.traits.atom_elements == 250_000
     assert set_.scheduler.cut_elements == 65_536 and set_.network.traits.atom_elements == 65_536
-    ideal = Simulation(layers(), ClusterSpec(workers=2, bandwidth=0.25e9), Settings(atom_elements=65_536), 6, 2)
+    ideal = Simulation(layers(), SimulatedCluster(workers=2, bandwidth=0.25e9), Settings(atom_elements=65_536), 6, 2)
     assert ideal.network.traits.atom_elements == 0
 
 
@@ -295,10 +295,10 @@ def test_only_prophets_pieces_go_out_as_atoms():
     are one message each: an engine's atoms and a per-message cost change nothing for them."""
     costly = PRESETS["byteps"].replace(message_cost_s=2e-3)
     for name in ("fifo", "bytescheduler"):
-        times = [Simulation(layers(), ClusterSpec(workers=2, bandwidth=0.25e9, engine=costly.replace(atom_elements=atom)),
+        times = [Simulation(layers(), SimulatedCluster(workers=2, bandwidth=0.25e9, engine=costly.replace(atom_elements=atom)),
                             Settings(scheduler=name), 6, 2).run().iter_s for atom in (250_000, 1_000)]
         assert times[0] == pytest.approx(times[1])
-    fine, coarse = (Simulation(layers(), ClusterSpec(workers=2, bandwidth=0.25e9, engine=costly),
+    fine, coarse = (Simulation(layers(), SimulatedCluster(workers=2, bandwidth=0.25e9, engine=costly),
                                Settings(scheduler="prophet", atom_elements=atom), 6, 2).run().iter_s
                     for atom in (1_000, 250_000))
     assert fine > coarse  # Prophet's cuts pay the cost per atom
@@ -308,7 +308,7 @@ def test_a_stream_replayed_with_a_window_pipelines_and_a_burst_sends_every_push_
     """``stream_done_s``, the calibration's streams as the network runs them: with back-pressure and
     pulls following pushes a burst completes after every push and every pull (2 x ops pushes through
     the server's ingress, two workers), a window of one after each op's own round trip."""
-    from byteps_prophet.sim.simulation import stream_done_s
+    from byteps_prophet.sim.replay import stream_done_s
 
     engine = EngineTraits(stages=2, pulls_follow_pushes=True, backpressure=True, servers=1)
     push = 2 * 1_000_000 / RATE  # two workers' pushes of 1 MB through one server's ingress
@@ -320,11 +320,11 @@ def test_a_stream_replayed_with_a_window_pipelines_and_a_burst_sends_every_push_
 
 def test_workers_bursting_in_step_share_the_server_equally_and_finish_together():
     """``bursts_done_s``, two workers each sending one burst of four 1 MB ops at once on the shared
-    server links (what scripts/bench_shares.py measures on the real engine): each direction shared equally, every pull
-    behind every push, so both workers get the same answers at the same moments, 5 to 8 pushes' time
+    server links (as the skew investigations measured the real engine, docs/ENGINE.md "Workers out of
+    step"): each direction shared equally, every pull behind every push, so both workers get the same answers at the same moments, 5 to 8 pushes' time
     (as one representative's burst), and at half the rate twice as late; a worker ahead has the link to
     itself until the other starts."""
-    from byteps_prophet.sim.simulation import bursts_done_s
+    from byteps_prophet.sim.replay import bursts_done_s
 
     def burst_done_s(*args, starts=None):  # each worker's answers of its one burst
         return [runs[0][1] for runs in bursts_done_s(*args, 1, starts)]
@@ -364,7 +364,7 @@ def test_bytes_move_slower_while_the_worker_computes():
     net.send(task("idle", 1_000_000))
     assert loop.run()["idle"] == pytest.approx(1.5 * 0.001 + 0.001)
     fast = dict(bandwidth=1e9, workers=2, arch="allreduce")  # and in a simulation: a step overlapping compute is slower
-    base = Simulation(layers(), ClusterSpec(**fast, engine=PRESETS["gloo"]), Settings(), 10, 2).run().iter_s
-    slow = Simulation(layers(), ClusterSpec(**fast, engine=PRESETS["gloo"].replace(comm_slowdown=3.0)), Settings(),
+    base = Simulation(layers(), SimulatedCluster(**fast, engine=PRESETS["gloo"]), Settings(), 10, 2).run().iter_s
+    slow = Simulation(layers(), SimulatedCluster(**fast, engine=PRESETS["gloo"].replace(comm_slowdown=3.0)), Settings(),
                       10, 2).run().iter_s
     assert slow > base

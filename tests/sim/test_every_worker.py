@@ -1,4 +1,4 @@
-"""Every worker of a parameter server simulated on its own (``ClusterSpec.skew``): in step it is the
+"""Every worker of a parameter server simulated on its own (``SimulatedCluster.skew``): in step it is the
 representative worker's model; out of step the workers share the servers' links as they come."""
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import pytest
 from byteps_prophet.core import Settings
 from byteps_prophet.core.traits import load_engine
 from byteps_prophet.errors import UserError
-from byteps_prophet.sim.simulation import ClusterSpec, Layer, simulate
+from byteps_prophet.sim.simulation import Layer, SimulatedCluster, simulate
 from byteps_prophet.sim.network import _water_fill
 
 CALIBRATED_BYTEPS = str(Path(__file__).resolve().parents[2] / "scripts" / "benchmarks" / "data" / "replay" / "engine_byteps.json")
@@ -18,7 +18,7 @@ LAYERS = [Layer(f"w{i}", (250_000,), 2e-3, 4e-3) for i in range(8)]  # 1 MB each
 
 
 def run(scheduler, engine, skew, workers=2, iterations=16, **settings):
-    cluster = ClusterSpec(workers=workers, bandwidth=1e9 / 8, engine=load_engine(engine).replace(servers=1), skew=skew)
+    cluster = SimulatedCluster(workers=workers, bandwidth=1e9 / 8, engine=load_engine(engine).replace(servers=1), skew=skew)
     return simulate(LAYERS, cluster, Settings(scheduler=scheduler, **settings), iterations, 6)
 
 
@@ -82,18 +82,18 @@ def test_followers_issue_the_leaders_cuts_and_wait_for_it():
 
 def test_every_worker_on_its_own_is_a_parameter_servers_and_bounded():
     with pytest.raises(UserError, match="only on a parameter server; valid: architecture 'ps', or no skew"):
-        ClusterSpec(workers=2, arch="allreduce", skew=0.1)
+        SimulatedCluster(workers=2, arch="allreduce", skew=0.1)
     with pytest.raises(UserError, match="takes at most 64; valid: fewer workers, or no skew"):
-        ClusterSpec(workers=65, skew=0.1)
+        SimulatedCluster(workers=65, skew=0.1)
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "simulate", "--model", "alexnet", "--workers", "2",
                            "--skew", "0.1", "--scheduler", "ddp"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--skew" in lines[0] and "ddp" in lines[0]
     with pytest.raises(UserError, match="hold_skew holds the workers at a skew; valid: a skew with it"):
-        ClusterSpec(workers=2, hold_skew=True)
+        SimulatedCluster(workers=2, hold_skew=True)
     with pytest.raises(UserError, match="hold_skew with workers=4: .*valid: 2 workers, or no hold_skew"):
-        ClusterSpec(workers=4, skew=0.01, hold_skew=True)
+        SimulatedCluster(workers=4, skew=0.01, hold_skew=True)
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet", "simulate", "--model", "alexnet", "--workers", "2",
                            "--hold-skew"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
@@ -115,7 +115,7 @@ def test_the_servers_ingress_is_shared_by_the_connections_weights_each_at_most_i
 
 
 def held_skews(scheduler, skew, hold):
-    cluster = ClusterSpec(workers=2, bandwidth=1e9 / 8, engine=load_engine(CALIBRATED_BYTEPS).replace(servers=1),
+    cluster = SimulatedCluster(workers=2, bandwidth=1e9 / 8, engine=load_engine(CALIBRATED_BYTEPS).replace(servers=1),
                           skew=skew, hold_skew=hold)
     result = simulate(LAYERS, cluster, Settings(scheduler=scheduler), 24, 6)
     return [late - early for early, late in zip(result.iteration_starts, result.others[0].iteration_starts)]

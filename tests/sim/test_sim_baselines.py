@@ -6,8 +6,9 @@ import pytest
 
 from byteps_prophet.cli import main
 from byteps_prophet.sim.baselines import MIB
-from byteps_prophet.sim.baseline_runs import BUCKET_SWEEP, best_bucket, simulate_baseline
-from byteps_prophet.sim.simulation import ClusterSpec, Layer, lower_bound_s
+from byteps_prophet.sim.baseline_runs import (BUCKET_SWEEP, CYCLE_SWEEP, FUSION_SWEEP, best_bucket, best_horovod,
+                                              simulate_baseline)
+from byteps_prophet.sim.simulation import Layer, SimulatedCluster, lower_bound_s
 
 
 def toy_layers(n=12, rows=512, cols=256):
@@ -19,7 +20,7 @@ def toy_layers(n=12, rows=512, cols=256):
                                          ("horovod", {"fusion_bytes": 0})])
 def test_every_gradient_synchronised_once_and_never_below_the_bound(arch, name, knobs):
     layers = toy_layers()
-    cluster = ClusterSpec(workers=4, arch=arch, bandwidth=1e9 / 8)
+    cluster = SimulatedCluster(workers=4, arch=arch, bandwidth=1e9 / 8)
     result = simulate_baseline(name, layers, cluster, iterations=8, warmup=2, **knobs)
     members = [(t.iteration, t.index) for c in result.sent for t in c.members]
     assert sorted(members) == [(it, i) for it in range(8) for i in range(len(layers))]  # once each
@@ -30,7 +31,7 @@ def test_every_gradient_synchronised_once_and_never_below_the_bound(arch, name, 
 
 def test_a_bucket_fuses_gradients_and_fusion_pays_fewer_messages():
     layers = toy_layers(n=24, rows=64, cols=64)  # 16 KiB gradients: the per-collective cost dominates
-    cluster = ClusterSpec(workers=8, arch="allreduce", bandwidth=10e9 / 8)
+    cluster = SimulatedCluster(workers=8, arch="allreduce", bandwidth=10e9 / 8)
     alone = simulate_baseline("ddp", layers, cluster, iterations=6, warmup=2, bucket_bytes=1)
     fused = simulate_baseline("ddp", layers, cluster, iterations=6, warmup=2, bucket_bytes=MIB)
     assert len(alone.sent) == 6 * 24
@@ -40,7 +41,7 @@ def test_a_bucket_fuses_gradients_and_fusion_pays_fewer_messages():
 
 def test_best_bucket_is_the_fastest_of_its_sweep():
     layers = toy_layers()
-    cluster = ClusterSpec(workers=4, arch="allreduce", bandwidth=1e9 / 8)
+    cluster = SimulatedCluster(workers=4, arch="allreduce", bandwidth=1e9 / 8)
     bucket, times = best_bucket(layers, cluster, iterations=6, warmup=2)
     assert set(times) == set(BUCKET_SWEEP) and times[bucket] == min(times.values())
 
@@ -49,17 +50,49 @@ def test_simulate_reports_the_baselines_beside_the_schedulers(capsys):
     assert main(["simulate", "--model", "alexnet", "--workers", "4", "--arch", "allreduce", "--bandwidth", "3gbit",
                  "--iterations", "8", "--scheduler", "prophet,ddp,horovod", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["results"]) == {"prophet", "prophet_paper", "ddp", "ddp_best", "horovod"}
+    assert set(out["results"]) == {"prophet", "prophet_paper", "ddp", "ddp_best", "horovod", "horovod_best"}
     best = out["results"]["ddp_best"]
     assert best["bucket_bytes"] in BUCKET_SWEEP and best["iter_ms"] == min(out["bucket_sweep_ms"].values())
+    fused = out["results"]["horovod_best"]
+    assert fused["cycle_s"] in CYCLE_SWEEP and fused["fusion_bytes"] in FUSION_SWEEP
+    assert fused["iter_ms"] == min(out["horovod_sweep_ms"].values()) <= out["results"]["horovod"]["iter_ms"]
     assert all(r["iter_ms"] >= out["lower_bound_ms"] * 0.999 for r in out["results"].values())
 
 
-def test_all_still_means_the_three_schedulers_and_a_bad_name_lists_the_baselines(capsys):
+def test_all_means_the_schedulers_and_on_all_reduce_the_baselines_and_a_bad_name_lists_them(capsys):
     from byteps_prophet.errors import UserError
     from byteps_prophet.sim.runner import parse_schedulers
 
     assert parse_schedulers("all") == ["fifo", "bytescheduler", "prophet"]
+    assert parse_schedulers("all", "ps") == ["fifo", "bytescheduler", "prophet"]
     assert parse_schedulers("all,ddp") == ["fifo", "bytescheduler", "prophet", "ddp"]
+    assert parse_schedulers("all", "allreduce") == ["fifo", "bytescheduler", "prophet", "ddp", "horovod"]
+    assert parse_schedulers("prophet,all", "allreduce") == ["prophet", "fifo", "bytescheduler", "ddp", "horovod"]
     with pytest.raises(UserError, match="ddp.*horovod"):
         parse_schedulers("nccl")
+
+
+def test_best_horovod_is_the_fastest_of_its_sweep():
+    layers = toy_layers()
+    cluster = SimulatedCluster(workers=4, arch="allreduce", bandwidth=1e9 / 8)
+    pair, times = best_horovod(layers, cluster, iterations=6, warmup=2)
+    assert set(times) == {(c, f) for c in CYCLE_SWEEP for f in FUSION_SWEEP} and times[pair] == min(times.values())
+
+
+def test_best_bytescheduler_sweeps_credit_and_partition_together():
+    from byteps_prophet.sim.runner import CREDIT_SWEEP, PARTITION_SWEEP, best_bytescheduler, compare
+
+    layers = toy_layers()
+    cluster = SimulatedCluster(workers=4, arch="allreduce", bandwidth=1e9 / 8)
+    pair, times = best_bytescheduler(layers, cluster, iterations=6, warmup=2)
+    assert set(times) == {(c, p) for c in CREDIT_SWEEP for p in PARTITION_SWEEP} and times[pair] == min(times.values())
+    credit_only = compare(layers, cluster, ["bytescheduler"], iterations=6, warmup=2)
+    assert times[pair] <= credit_only.results["bytescheduler_best"].iter_s  # the credit sweep is among them
+
+
+def test_simulate_all_on_all_reduce_reports_the_baselines(capsys):
+    assert main(["simulate", "--model", "alexnet", "--workers", "4", "--arch", "allreduce", "--iterations", "6",
+                 "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["results"]) == {
+        "fifo", "bytescheduler", "bytescheduler_best", "prophet", "prophet_paper", "ddp", "ddp_best", "horovod",
+        "horovod_best"}

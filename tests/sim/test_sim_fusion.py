@@ -6,7 +6,7 @@ from byteps_prophet.core import Settings, Task
 from byteps_prophet.core.task import Fused, State
 from byteps_prophet.sim.baseline_runs import simulate_baseline
 from byteps_prophet.sim.costmodel import compute_times
-from byteps_prophet.sim.simulation import ClusterSpec, Simulation, layers_from
+from byteps_prophet.sim.simulation import SimulatedCluster, Simulation, layers_from
 from byteps_prophet.sim.zoo import get_model
 from tests.sim.test_engine import assert_every_row_sent_once
 
@@ -19,7 +19,7 @@ def ready_slice(name, index, rows):
 
 @pytest.mark.parametrize("workers", [2, 8, 32])
 def test_a_fused_block_costs_one_collective(workers):
-    cluster = ClusterSpec(workers=workers, arch="allreduce", bandwidth=10e9 / 8)
+    cluster = SimulatedCluster(workers=workers, arch="allreduce", bandwidth=10e9 / 8)
     finishes = {}
     for fused in (True, False):
         sim = Simulation(layers_from(get_model("resnet50"), compute_times(get_model("resnet50"), 32)), cluster,
@@ -45,7 +45,7 @@ def test_a_fused_block_costs_one_collective(workers):
 def test_prophet_fuses_on_the_ring_and_sends_every_row_once(model, workers):
     spec = get_model(model)
     layers = layers_from(spec, compute_times(spec, spec.default_batch))
-    cluster = ClusterSpec(workers=workers, arch="allreduce", bandwidth=10e9 / 8)
+    cluster = SimulatedCluster(workers=workers, arch="allreduce", bandwidth=10e9 / 8)
     result = Simulation(layers, cluster, Settings(scheduler="prophet", fuse=True), iterations=8, warmup=4).run()
     assert_every_row_sent_once(result, layers, 8)
     steady_messages = sum(1 for it in result.messages if it >= 5)
@@ -56,7 +56,7 @@ def test_prophet_fuses_on_the_ring_and_sends_every_row_once(model, workers):
 def test_no_fused_message_on_a_parameter_server():
     spec = get_model("resnet50")
     layers = layers_from(spec, compute_times(spec, spec.default_batch))
-    cluster = ClusterSpec(workers=8, arch="ps", bandwidth=10e9 / 8)
+    cluster = SimulatedCluster(workers=8, arch="ps", bandwidth=10e9 / 8)
     result = Simulation(layers, cluster, Settings(scheduler="prophet", fuse=True), iterations=8, warmup=4).run()
     assert len(result.messages) == len(result.sent)  # one message per slice, as before fusion
 
@@ -69,7 +69,7 @@ def test_no_fused_message_on_a_parameter_server():
 def test_gradient_0_finds_the_ring_free_and_prophet_keeps_up_with_ddp_and_horovod(model, workers, gbit):
     spec = get_model(model)
     layers = layers_from(spec, compute_times(spec, spec.default_batch))
-    cluster = ClusterSpec(workers=workers, arch="allreduce", bandwidth=gbit * 1e9 / 8)
+    cluster = SimulatedCluster(workers=workers, arch="allreduce", bandwidth=gbit * 1e9 / 8)
     iterations, warmup = 12, 4
     sim = Simulation(layers, cluster, Settings(scheduler="prophet", fuse=True), iterations, warmup)
     busy_at_gradient_0 = {}
