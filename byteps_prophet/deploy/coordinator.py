@@ -5,23 +5,19 @@ topology, starts the job, and ends it: every worker done, a role failed, a host 
 """
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT
 from byteps_prophet.cluster.agent import Channel
 from byteps_prophet.cluster.roles import host_name
 from byteps_prophet.deploy.role import (
-    EXIT_GRACE, HEARTBEAT_S, JobEnded, Role, describe_status, exit_code, say, source_address,
+    EXIT_GRACE, HEARTBEAT_S, JobEnded, Launcher, describe_status, exit_code, say, source_address,
 )
 from byteps_prophet.errors import ConfigError
-
-if TYPE_CHECKING:
-    from byteps_prophet.deploy.launch import LaunchSpec
 
 
 @dataclass
@@ -40,23 +36,10 @@ class Peer:
         return f"{self.name} ({self.node_host or self.address})"
 
 
-class Coordinator:
+class Coordinator(Launcher):
     """The scheduler host's launcher: runs the scheduler role and decides the job."""
 
-    def __init__(self, spec: LaunchSpec, environ: Mapping[str, str] | None = None):
-        self.spec = spec
-        self.environ = dict(os.environ if environ is None else environ)
-        self.role = Role(spec, self.environ)
-        self.selector = selectors.DefaultSelector()
-
-    def run(self) -> int:
-        try:
-            return self._coordinate()
-        finally:
-            self.role.stop()
-            self.selector.close()
-
-    def _coordinate(self) -> int:
+    def _launch(self) -> int:
         spec = self.spec
         try:
             node_host = spec.node_host or source_address(spec.scheduler_addr, spec.port)

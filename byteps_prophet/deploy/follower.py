@@ -3,35 +3,17 @@ launcher), starts its role when told, reports how the role ended, and stops it w
 the coordinator is lost."""
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Mapping
 
 from byteps_prophet.cluster.agent import Channel
-from byteps_prophet.deploy.role import HEARTBEAT_S, JobEnded, Role, describe_status, exit_code, say
-
-if TYPE_CHECKING:
-    from byteps_prophet.deploy.launch import LaunchSpec
+from byteps_prophet.deploy.role import HEARTBEAT_S, JobEnded, Launcher, describe_status, exit_code, say
 
 
-class Follower:
+class Follower(Launcher):
     """A server's or worker's launcher, led by the coordinator."""
-
-    def __init__(self, spec: LaunchSpec, environ: Mapping[str, str] | None = None):
-        self.spec = spec
-        self.environ = dict(os.environ if environ is None else environ)
-        self.role = Role(spec, self.environ)
-        self.selector = selectors.DefaultSelector()
-
-    def run(self) -> int:
-        try:
-            return self._follow()
-        finally:
-            self.role.stop()
-            self.selector.close()
 
     def _connect(self) -> socket.socket:
         spec = self.spec
@@ -47,7 +29,7 @@ class Follower:
                                   f"after {spec.connect_timeout:g}s ({last_error}); is its launcher running?")
             time.sleep(0.3)
 
-    def _follow(self) -> int:
+    def _launch(self) -> int:
         spec = self.spec
         name = spec.name
         channel = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import selectors
 import shutil
 import signal
 import socket
@@ -188,3 +189,24 @@ class Role:
         if self.socket_dir:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
             self.socket_dir = None
+
+
+class Launcher:
+    """What the coordinator and a follower share: this host's role, the sockets it watches, and that
+    both are stopped however the launch ends."""
+
+    def __init__(self, spec: LaunchSpec, environ: Mapping[str, str] | None = None):
+        self.spec = spec
+        self.environ = dict(os.environ if environ is None else environ)
+        self.role = Role(spec, self.environ)
+        self.selector = selectors.DefaultSelector()
+
+    def run(self) -> int:
+        try:
+            return self._launch()
+        finally:
+            self.role.stop()
+            self.selector.close()
+
+    def _launch(self) -> int:
+        raise NotImplementedError

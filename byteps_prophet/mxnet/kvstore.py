@@ -132,17 +132,9 @@ class ScheduledKVStore(KVStoreBase):
         return self._probe.forward_index
 
     # -- KVStoreBase surface -------------------------------------------------------------------------
-    @property
-    def type(self) -> str:
-        return self._real.type
-
-    @property
-    def rank(self) -> int:
-        return self._real.rank
-
-    @property
-    def num_workers(self) -> int:
-        return self._real.num_workers
+    type = property(lambda self: self._real.type, doc="The real store's type (dist_sync, ...).")
+    rank = property(lambda self: self._real.rank, doc="This worker's rank in the real store.")
+    num_workers = property(lambda self: self._real.num_workers, doc="Workers of the real store.")
 
     @staticmethod
     def is_capable(capability: str) -> bool:

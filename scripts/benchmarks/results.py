@@ -526,8 +526,9 @@ def shown(doc: Path) -> str:
     return os.path.relpath(doc, REPO)
 
 
-def differences() -> list[str]:
-    """The tables whose region in their document differs from what the data gives (or is missing)."""
+def differences(rewrite: bool = False) -> list[str]:
+    """The tables whose region in their document differs from what the data gives, or is missing; with
+    ``rewrite`` the differing regions are written anew and only the missing ones are returned."""
     out = []
     for name, (docs, body) in tables().items():
         for doc in docs:
@@ -535,22 +536,15 @@ def differences() -> list[str]:
             new = replaced(text, name, body)
             if new is None:
                 out.append(f"{name}: no {markers(name)[0]} ... {markers(name)[1]} in {shown(doc)}")
+            elif new != text and rewrite:
+                doc.write_text(new)
             elif new != text:
                 out.append(f"{name}: {shown(doc)} differs from what the data gives")
     return out
 
 
 def write() -> list[str]:
-    missing = []
-    for name, (docs, body) in tables().items():
-        for doc in docs:
-            text = doc.read_text()
-            new = replaced(text, name, body)
-            if new is None:
-                missing.append(f"{name}: no {markers(name)[0]} ... {markers(name)[1]} in {shown(doc)}")
-            elif new != text:
-                doc.write_text(new)
-    return missing
+    return differences(rewrite=True)
 
 
 def main(argv: list[str] | None = None) -> int:
