@@ -75,7 +75,7 @@ def group_size(link_bytes: float, rate: float) -> int:
 
 
 # -- the engines -----------------------------------------------------------------------------------------
-class _Engine:
+class _ProbedEngine:
     """``start(size_index, slot)`` issues one op on that buffer and returns a handle; ``wait`` blocks."""
 
     leader = False
@@ -87,7 +87,7 @@ class _Engine:
         self.wait(self.start(0, 0))
 
 
-class _Gloo(_Engine):
+class _Gloo(_ProbedEngine):
     def __init__(self, sizes, counts):
         super().__init__(sizes, counts)
         import torch
@@ -120,7 +120,7 @@ class _Gloo(_Engine):
         self.backend.close()
 
 
-class _BytePS(_Engine):
+class _BytePS(_ProbedEngine):
     def __init__(self, sizes, counts):
         super().__init__(sizes, counts)
         import torch
@@ -159,7 +159,7 @@ class _BytePS(_Engine):
         self.bps.shutdown()
 
 
-class _KVStore(_Engine):
+class _KVStore(_ProbedEngine):
     def __init__(self, sizes, counts):
         super().__init__(sizes, counts)
         import mxnet as mx
@@ -219,7 +219,7 @@ class Probe:
     the link factor, and each is a short sequence of issue-and-wait steps; split by phase, the parts
     would pass that state around and the phases would no longer read in the order they run."""
 
-    def __init__(self, engine: _Engine, *, factor: float, leader: bool) -> None:
+    def __init__(self, engine: _ProbedEngine, *, factor: float, leader: bool) -> None:
         self.e = engine
         self.factor = factor
         self.leader = leader

@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 from byteps_prophet.backends.rendezvous import ORDER_CHANNEL_PORT  # worker 0's order channel (a socket)
 from byteps_prophet.cluster import netns as nets
 from byteps_prophet.cluster.compose import ComposeDefinition, ServiceDef, load_compose
-from byteps_prophet.cluster.network import Network, check_tcp_congestion
+from byteps_prophet.cluster.shaped_network import Network, check_tcp_congestion
 from byteps_prophet.cluster.processes import (
     ISOLATE, INIT_SCRIPT, Ending, Job, OutputSink, PrintSink, RoleProcess, RunResult, Spawner, free_port,
 )

@@ -3,7 +3,7 @@
 A :class:`Job` is one run's roles (scheduler, servers, workers), each a :class:`RoleProcess` whose
 output is drained line by line; :meth:`Job.poll` decides when the run has ended and why (a failed
 role, the workers done, a role gone early, the timeout), and stops what is left. Where the roles run
-(namespaces, links) is the cluster's business (``cluster/local.py``, ``cluster/network.py``).
+(namespaces, links) is the cluster's business (``cluster/local.py``, ``cluster/shaped_network.py``).
 """
 from __future__ import annotations
 
