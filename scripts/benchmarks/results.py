@@ -46,11 +46,12 @@ class ABFile(NamedTuple):
 # in docs/RESULTS.md (NAME: table_name(path); --check names a missing pair), then --write fills it.
 AB_FILES = (
     ABFile("ab/overlap-torch-byteps-vgg-200mbit.json",
-           (("prophet", "bytescheduler", True), ("prophet_overlap", "prophet", False),
+           (("prophet", "bytescheduler", False), ("prophet_overlap", "prophet", False),
             ("bytescheduler_overlap", "bytescheduler", False))),
     ABFile("ab/overlap-torch-gloo-vgg-1gbit.json",
-           (("prophet", "bytescheduler", True), ("prophet_overlap", "prophet", False),
+           (("prophet", "bytescheduler", False), ("prophet_overlap", "prophet", False),
             ("bytescheduler_overlap", "bytescheduler", False))),
+    ABFile("ab/ab-torch-byteps-vgg-200mbit-after.json", (("prophet", "bytescheduler", True),)),
     ABFile("ab/ab-torch-byteps-vgg-200mbit-before.json", (("prophet", "bytescheduler", False),),
            "before the redesign of issue 50"),
     ABFile("ab/ab-torch-byteps-vgg-500mbit.json",
