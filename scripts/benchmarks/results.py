@@ -60,6 +60,7 @@ AB_FILES = (
     ABFile("ab/ab-torch-byteps-resnet-1gbit.json",
            (("prophet", "fifo", True), ("prophet", "bytescheduler", False), ("bytescheduler", "fifo", False))),
     ABFile("ab/ab-mxnet-byteps-transformer-200mbit.json", (("prophet", "bytescheduler", True),)),
+    ABFile("ab/ab-mxnet-kvstore-transformer-300mbit.json", (("prophet", "bytescheduler", True),)),
     ABFile("replay/torch_byteps_vgg_200m/measured.json",
            (("prophet", "bytescheduler", False), ("prophet", "fifo", False)), "overlap on"),
     ABFile("replay/torch_byteps_vgg_1g/measured.json",
