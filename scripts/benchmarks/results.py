@@ -245,12 +245,22 @@ def measurement_head(m: dict) -> str:
     return prose(f"{configuration(m)}; commit {m['commit']}:") + "\n\n" + command_block(m["command"])
 
 
+def variant_rates(runs: list[dict], variant: str) -> list[float]:
+    """``variant``'s samples/s, one per round: the run the A/B reported first in each (the reporting
+    worker's rank differs by backend), as ``paired_ratios`` pairs them."""
+    by_round: dict[int, float] = {}
+    for r in runs:
+        if r["variant"] == variant:
+            by_round.setdefault(r["round"], r["samples_per_s"])
+    return [by_round[k] for k in sorted(by_round)]
+
+
 def ab_table(path: str) -> str:
     """One measurement: each variant's samples/s over its rounds, then the pairs quoted from it."""
     m = ab_measurement(path)
     rows = []
     for v in dict.fromkeys(r["variant"] for r in m["runs"]):
-        rates = [r["samples_per_s"] for r in m["runs"] if r["variant"] == v and r.get("rank", 0) == 0]
+        rates = variant_rates(m["runs"], v)
         rows.append([NAMES.get(v, v), f"{statistics.median(rates):.2f}", f"{min(rates):.2f}-{max(rates):.2f}",
                      str(len(rates))])
     variants = table(["variant", "samples/s (median)", "min-max", "rounds"], rows)
@@ -281,7 +291,7 @@ def prediction_rows(p: dict) -> list[tuple[str, float, float, float]]:
     m = measured_of(p)
     out = []
     for s, figures in p["predicted"].items():
-        rates = [r["samples_per_s"] for r in m["runs"] if r["variant"] == s and r.get("rank", 0) == 0]
+        rates = variant_rates(m["runs"], s)
         measured = statistics.median(rates)
         out.append((s, figures["samples_per_s"], measured, figures["samples_per_s"] / measured - 1))
     return out

@@ -128,3 +128,11 @@ def test_a_new_measurement_is_one_line_and_its_marker_pair(tmp_path, monkeypatch
     assert results.main(["--write"]) == 0 and results.differences() == []
     row = "| torch/BytePS vgg b16 200 Mbit/s, BBR, after a change | ByteScheduler | 1.124x |"
     assert row in docs["README.md"].read_text()
+
+
+def test_variant_rates_take_each_rounds_reported_run_whatever_the_reporting_rank():
+    """The KVStore's reporting worker is rank 1: its rounds count, once each, as the ratios pair them."""
+    runs = [{"variant": "prophet", "round": r, "rank": 1, "samples_per_s": 10.0 + r} for r in range(3)]
+    runs.append({"variant": "prophet", "round": 0, "rank": 0, "samples_per_s": 99.0})  # a second report of round 0
+    assert results.variant_rates(runs, "prophet") == [10.0, 11.0, 12.0]
+    assert results.variant_rates(runs, "fifo") == []
