@@ -79,7 +79,7 @@ AB_FILES = (
 
 # Predictions committed before their measurement; each names the A/B file that measures it (absent
 # until measured: the table then says "awaiting measurement").
-PREDICTIONS = ("predictions/torch-byteps-vgg-500mbit.json",)
+PREDICTIONS = ("predictions/torch-byteps-vgg-500mbit.json", "predictions/mxnet-kvstore-transformer-500mbit.json")
 
 class Recorded(NamedTuple):
     """A data file other than an A/B's, with the commit and command that produced it where the file
