@@ -61,6 +61,8 @@ AB_FILES = (
            (("prophet", "fifo", True), ("prophet", "bytescheduler", False), ("bytescheduler", "fifo", False))),
     ABFile("ab/ab-mxnet-byteps-transformer-200mbit.json", (("prophet", "bytescheduler", True),)),
     ABFile("ab/ab-mxnet-kvstore-transformer-300mbit.json", (("prophet", "bytescheduler", True),)),
+    ABFile("ab/ab-mxnet-kvstore-transformer-500mbit.json",
+           (("prophet", "bytescheduler", True), ("prophet", "fifo", True), ("bytescheduler", "fifo", False))),
     ABFile("replay/torch_byteps_vgg_200m/measured.json",
            (("prophet", "bytescheduler", False), ("prophet", "fifo", False)), "overlap on"),
     ABFile("replay/torch_byteps_vgg_1g/measured.json",
