@@ -11,13 +11,32 @@ follow the leader's order"). The promises, method by method, are in :class:`Back
 from __future__ import annotations
 
 import importlib
+import sys
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from byteps_prophet.core.traits import EngineTraits
 from byteps_prophet.core.settings import Settings
 from byteps_prophet.errors import ConfigError
+
+
+def exiting_on_error() -> bool:
+    """Whether the interpreter is leaving after an unhandled exception (Ctrl-C too): Python sets
+    ``sys.last_value`` before the exit handlers run. A plugin then closes alone: the other ranks may be
+    blocked on this one, and its launcher ends the job once it exits."""
+    return getattr(sys, "last_value", None) is not None
+
+
+def close_each(live: Iterable, what: str) -> None:
+    """The plugins' exit handler: ``close(alone=...)`` every object still open, each whatever the
+    others do; a failure is one line on stderr naming ``what`` was not closed."""
+    alone = exiting_on_error()
+    for obj in list(live):
+        try:
+            obj.close(alone=alone)
+        except Exception as err:  # noqa: BLE001 - the others must still close
+            print(f"byteps-prophet: {what} not closed cleanly: {err}", file=sys.stderr, flush=True)
 
 
 class BackendError(RuntimeError):

@@ -31,6 +31,7 @@ import numpy as np
 from mxnet.base import _LIB, check_call
 from mxnet.kvstore import KVStoreBase
 
+from byteps_prophet.backends.base import close_each
 from byteps_prophet.backends.channel import SocketChannel, order_channel
 from byteps_prophet.backends.rendezvous import rendezvous
 from byteps_prophet.backends.wakeup import install_wakeup_timer
@@ -410,9 +411,4 @@ def close_all() -> None:
     finalizes (registered after MXNet's own exit handler, so it runs first): left to finalization,
     the store's threads and MXNet's store can abort the workers. After an unhandled exception
     (Ctrl-C too; Python sets ``sys.last_value`` before the exit handlers) each closes alone."""
-    alone = getattr(sys, "last_value", None) is not None
-    for store in list(_LIVE_STORES):
-        try:
-            store.close(alone=alone)
-        except Exception as err:  # noqa: BLE001 - the others must still close
-            print(f"byteps-prophet: store not closed cleanly: {err}", file=sys.stderr, flush=True)
+    close_each(_LIVE_STORES, "store")

@@ -21,6 +21,7 @@ import sys
 import mxnet as mx
 
 from byteps_prophet.core import Settings
+from byteps_prophet.backends.base import exiting_on_error
 from byteps_prophet.backends.byteps_ps import BytePSTransport
 from byteps_prophet.mxnet.byteps_backend import BytePSScheduledKVStore
 
@@ -66,9 +67,8 @@ class ScheduledGradients:
         if self._closed:
             return
         self._closed = True
-        alone = getattr(sys, "last_value", None) is not None
         try:
-            if alone:
+            if exiting_on_error():
                 self.store.close(alone=True)
                 return
             self.store.flush(timeout=CLOSE_TIMEOUT_S)

@@ -27,6 +27,7 @@ import weakref
 import torch
 
 from byteps_prophet.backends import Backend, make_backend
+from byteps_prophet.backends.base import close_each
 from byteps_prophet.backends.rendezvous import rendezvous
 from byteps_prophet.core import Settings
 from byteps_prophet.errors import ConfigError
@@ -122,12 +123,7 @@ def close_all() -> None:
     from the patched ``byteps.torch.shutdown()`` before BytePS stops. After an unhandled exception
     (Ctrl-C too; Python sets ``sys.last_value`` before the exit handlers) nothing is waited for: the
     other ranks may be blocked on this one, and its launcher ends the job once it exits."""
-    alone = getattr(sys, "last_value", None) is not None
-    for engine in list(_LIVE):
-        try:
-            engine.close(alone=alone)
-        except Exception as err:  # noqa: BLE001 - the others must still close
-            print(f"byteps-prophet: optimizer not closed cleanly: {err}", file=sys.stderr, flush=True)
+    close_each(_LIVE, "optimizer")
 
 
 _OWN_KEYWORDS = ("settings", "backend", "model_name", "batch_size")
