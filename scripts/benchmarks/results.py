@@ -81,7 +81,9 @@ AB_FILES = (
 
 # Predictions committed before their measurement; each names the A/B file that measures it (absent
 # until measured: the table then says "awaiting measurement").
-PREDICTIONS = ("predictions/torch-byteps-vgg-500mbit.json", "predictions/mxnet-kvstore-transformer-500mbit.json")
+PREDICTIONS = ("predictions/torch-byteps-vgg-500mbit.json", "predictions/mxnet-kvstore-transformer-500mbit.json",
+               "predictions/torch-byteps-vgg-1gbit.json", "predictions/mxnet-byteps-resnet-500mbit.json",
+               "predictions/torch-gloo-vgg-3w-500mbit.json")
 
 class Recorded(NamedTuple):
     """A data file other than an A/B's, with the commit and command that produced it where the file
@@ -328,7 +330,7 @@ def prediction_table(path: str) -> str:
     if not measurement_of(p).is_file():
         rows = [[NAMES[s], f"{f['samples_per_s']:.2f}", "awaiting measurement", "", ""]
                 for s, f in p["predicted"].items()]
-        tail = prose(f"To be measured into `{p['measurement_file']}` by:") + "\n\n" + command_block(p["measure_with"])
+        tail = prose(f"To be measured into {p['measurement_file']} (not yet there) by:") + "\n\n" + command_block(p["measure_with"])
     else:
         m = measured_of(p)
         rows = [[NAMES[s], f"{pred:.2f}", f"{meas:.2f}", f"{err:+.1%}",
