@@ -18,6 +18,7 @@ def load_script(name: str):
     """``scripts/benchmarks/<name>.py`` as a module, so that a benchmark's bookkeeping is tested without running it."""
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its functions pickle by name (bench_sim.py --jobs)
     spec.loader.exec_module(module)
     return module
 

@@ -8,19 +8,22 @@ anything happens (the simulation reaches its scheduler through ``simulation.sche
 Variants, keyed as ``simulate --json`` reports them:
 
 * ``ddp``: DistributedDataParallel's defaults (25 MiB buckets, the first 1 MiB);
-* ``ddp_best``: the best bucket of ``BUCKET_SWEEP`` (a fair comparison gives DDP its best bucket,
-  as it gives ByteScheduler its best credit);
+* ``ddp_best``: the best bucket of ``BUCKET_SWEEP``, widened past its edges (sim/sweeps.py; a fair
+  comparison gives DDP its best bucket, as it gives ByteScheduler its best credit);
 * ``horovod``: Horovod's defaults (1 ms cycle, 128 MiB fusion buffer);
-* ``horovod_best``: the best cycle time and fusion threshold of ``CYCLE_SWEEP`` x ``FUSION_SWEEP``.
+* ``horovod_best``: the best cycle time and fusion threshold of ``CYCLE_SWEEP`` x ``FUSION_SWEEP``,
+  widened the same way.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from byteps_prophet.core import Settings
 from byteps_prophet.sim.baselines import (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, HOROVOD_CYCLE_S,
                                            HOROVOD_FUSION_BYTES, MIB, DDPBuckets, HorovodFusion)
 from byteps_prophet.sim.simulation import Layer, SimulatedCluster, SimResult, Simulation
+from byteps_prophet.sim.sweeps import Axis, Sweep, widened_sweep
 
 BASELINE_VARIANTS = {"ddp": ("ddp", "ddp_best"), "horovod": ("horovod", "horovod_best")}
 # bucket_cap_mb from a quarter MiB (about one tensor a bucket) to 100 MiB (VGG-16's whole model in two)
@@ -54,21 +57,27 @@ def simulate_baseline(name: str, layers: Sequence[Layer], cluster: SimulatedClus
     return simulation.run()
 
 
+def model_bytes(layers: Sequence[Layer]) -> int:
+    return sum(math.prod(layer.shape) * layer.itemsize for layer in layers)
+
+
 def best_bucket(layers: Sequence[Layer], cluster: SimulatedCluster, iterations: int = 30, warmup: int = 10,
-                sweep: Sequence[int] = BUCKET_SWEEP, synchronised: bool = False) -> tuple[int, dict[int, float]]:
-    """The bucket of ``sweep`` with the shortest iteration, and every bucket's iteration seconds."""
-    times = {bucket: simulate_baseline("ddp", layers, cluster, iterations, warmup, synchronised=synchronised,
-                                       bucket_bytes=bucket).iter_s
-             for bucket in sweep}
-    return min(times, key=times.get), times
+                sweep: Sequence[int] = BUCKET_SWEEP, synchronised: bool = False) -> Sweep:
+    """DDP's fastest bucket: ``sweep`` widened while the best sits at its edge (sim/sweeps.py), up to
+    one bucket holding the whole model; ``best`` is (bucket bytes,)."""
+    def time_of(bucket: int) -> float:
+        return simulate_baseline("ddp", layers, cluster, iterations, warmup, synchronised=synchronised,
+                                 bucket_bytes=bucket).iter_s
+    return widened_sweep(time_of, [Axis("bucket", tuple(sweep), lowest=1, highest=model_bytes(layers))])
 
 
 def best_horovod(layers: Sequence[Layer], cluster: SimulatedCluster, iterations: int = 30, warmup: int = 10,
                  cycles: Sequence[float] = CYCLE_SWEEP, fusions: Sequence[int] = FUSION_SWEEP,
-                 synchronised: bool = False) -> tuple[tuple[float, int], dict[tuple[float, int], float]]:
-    """The (cycle seconds, fusion bytes) of ``cycles`` x ``fusions`` with the shortest iteration, and
-    every pair's iteration seconds."""
-    times = {(cycle, fusion): simulate_baseline("horovod", layers, cluster, iterations, warmup,
-                                                synchronised=synchronised, cycle_s=cycle, fusion_bytes=fusion).iter_s
-             for cycle in cycles for fusion in fusions}
-    return min(times, key=times.get), times
+                 synchronised: bool = False) -> Sweep:
+    """Horovod's fastest (cycle seconds, fusion bytes): ``cycles`` x ``fusions`` widened while the best
+    sits at an edge (sim/sweeps.py), the fusion threshold from 0 (no fusion) up to the whole model."""
+    def time_of(cycle: float, fusion: int) -> float:
+        return simulate_baseline("horovod", layers, cluster, iterations, warmup, synchronised=synchronised,
+                                 cycle_s=cycle, fusion_bytes=fusion).iter_s
+    return widened_sweep(time_of, [Axis("cycle", tuple(cycles)),
+                                   Axis("fusion", tuple(fusions), highest=model_bytes(layers))])

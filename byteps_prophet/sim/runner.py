@@ -10,8 +10,9 @@ Results are keyed as the CLI's JSON reports them:
   (the best bucket of a sweep), ``horovod`` and ``horovod_best`` (the best cycle time and fusion
   threshold of a sweep). ``all`` takes them on all-reduce (``parse_schedulers``).
 
-``best_bytescheduler`` sweeps ByteScheduler's credit and partition together (the scale grid's fair
-ByteScheduler); ``bytescheduler_best`` keeps the default partition.
+``best_bytescheduler`` sweeps ByteScheduler's credit and partition together, widened past the grid's
+edges (sim/sweeps.py; the scale grid's fair ByteScheduler); ``bytescheduler_best`` keeps the default
+partition and ``CREDIT_SWEEP`` as it is.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from byteps_prophet.core.trace import TraceLog
 from byteps_prophet.errors import UserError
 from byteps_prophet.sim.baseline_runs import BASELINE_VARIANTS, best_bucket, best_horovod, simulate_baseline
 from byteps_prophet.sim.simulation import Layer, SimResult, SimulatedCluster, lower_bound_s, simulate
+from byteps_prophet.sim.sweeps import Axis, Sweep, widened_sweep
 
 SCHEDULER_CHOICES = ("fifo", "bytescheduler", "prophet")
 # Each choice reports its variants: the default-credit ByteScheduler beside the best credit, and the
@@ -51,6 +53,7 @@ class Comparison:
     bucket_sweep: dict[int, float] = field(default_factory=dict)  # bucket bytes -> iteration seconds
     best_horovod: tuple[float, int] | None = None  # horovod_best's (cycle seconds, fusion bytes)
     horovod_sweep: dict[tuple[float, int], float] = field(default_factory=dict)  # -> iteration seconds
+    open_edges: dict[str, tuple[str, ...]] = field(default_factory=dict)  # variant -> its sweep's open edges
 
 
 def all_choices(arch: str) -> tuple[str, ...]:
@@ -98,16 +101,7 @@ def compare(layers: Sequence[Layer], cluster: SimulatedCluster, schedulers: Iter
         for name in VARIANTS[choice]:
             tick(name)
             if name in ("ddp", "ddp_best", "horovod", "horovod_best"):
-                knobs = {}
-                if name == "ddp_best":
-                    comparison.best_bucket, comparison.bucket_sweep = best_bucket(layers, cluster, iterations, warmup,
-                                                                                     synchronised=synchronised)
-                    knobs = {"bucket_bytes": comparison.best_bucket}
-                if name == "horovod_best":
-                    comparison.best_horovod, comparison.horovod_sweep = best_horovod(
-                        layers, cluster, iterations, warmup, synchronised=synchronised)
-                    cycle, fusion = comparison.best_horovod
-                    knobs = {"cycle_s": cycle, "fusion_bytes": fusion}
+                knobs = best_baseline_knobs(comparison, name, layers, cluster, iterations, warmup, synchronised)
                 comparison.results[name] = simulate_baseline(name, layers, cluster, iterations, warmup,
                                                              trace_iteration, synchronised, **knobs)
                 continue
@@ -123,17 +117,37 @@ def compare(layers: Sequence[Layer], cluster: SimulatedCluster, schedulers: Iter
     return comparison
 
 
+def best_baseline_knobs(comparison: Comparison, name: str, layers: Sequence[Layer], cluster: SimulatedCluster,
+                        iterations: int, warmup: int, synchronised: bool) -> dict:
+    """The knobs ``name`` runs with: none for a baseline's defaults; for ``ddp_best`` and ``horovod_best``
+    the best of their sweeps, kept in ``comparison`` with the sweep and its open edges."""
+    if name == "ddp_best":
+        (comparison.best_bucket,), buckets, comparison.open_edges[name] = best_bucket(
+            layers, cluster, iterations, warmup, synchronised=synchronised)
+        comparison.bucket_sweep = {bucket: t for (bucket,), t in buckets.items()}
+        return {"bucket_bytes": comparison.best_bucket}
+    if name == "horovod_best":
+        comparison.best_horovod, comparison.horovod_sweep, comparison.open_edges[name] = best_horovod(
+            layers, cluster, iterations, warmup, synchronised=synchronised)
+        cycle, fusion = comparison.best_horovod
+        return {"cycle_s": cycle, "fusion_bytes": fusion}
+    return {}
+
+
 def best_bytescheduler(layers: Sequence[Layer], cluster: SimulatedCluster, base: Settings = Settings(),
                        iterations: int = 30, warmup: int = 10, credits: Sequence[int] = CREDIT_SWEEP,
-                       partitions: Sequence[int] = PARTITION_SWEEP,
-                       synchronised: bool = False) -> tuple[tuple[int, int], dict[tuple[int, int], float]]:
-    """ByteScheduler's (credit, partition) of ``credits`` x ``partitions`` with the shortest iteration,
-    and every pair's iteration seconds."""
+                       partitions: Sequence[int] = PARTITION_SWEEP, synchronised: bool = False) -> Sweep:
+    """ByteScheduler's fastest (credit, partition): ``credits`` x ``partitions`` widened while the best
+    sits at an edge (sim/sweeps.py), the credit up to the whole model, the partition up to the largest
+    tensor (past either, nothing changes)."""
     settings = variant_settings("bytescheduler", base)
-    times = {(credit, partition): simulate(layers, cluster, settings.replace(credit=credit, partition=partition),
-                                           iterations, warmup, None, synchronised).iter_s
-             for partition in partitions for credit in credits}
-    return min(times, key=times.get), times
+    sizes = [math.prod(layer.shape) for layer in layers]
+
+    def time_of(credit: int, partition: int) -> float:
+        return simulate(layers, cluster, settings.replace(credit=credit, partition=partition), iterations, warmup,
+                        None, synchronised).iter_s
+    return widened_sweep(time_of, [Axis("credit", tuple(credits), lowest=1, highest=sum(sizes)),
+                                   Axis("partition", tuple(partitions), lowest=1, highest=max(sizes))])
 
 
 def report(comparison: Comparison, **header) -> dict:
@@ -151,6 +165,8 @@ def report(comparison: Comparison, **header) -> dict:
             entry["bucket_bytes"] = comparison.best_bucket
         if name == "horovod_best":
             entry["cycle_s"], entry["fusion_bytes"] = comparison.best_horovod
+        if comparison.open_edges.get(name):  # the best may lie past these knobs' widest values tried
+            entry["open_edges"] = list(comparison.open_edges[name])
         results[name] = entry
     out = dict(header)
     out["lower_bound_ms"] = round(bound * 1e3, 4)

@@ -56,8 +56,8 @@ def cell(layers, cluster, iterations: int) -> dict:
                                                 iterations, warmup).run().iter_s
     result = simulate_baseline("ddp", layers, cluster, iterations, warmup)
     times["ddp"] = result.iter_s
-    bucket, sweep = best_bucket(layers, cluster, iterations, warmup)
-    times["ddp_best"] = sweep[bucket]
+    (bucket,), sweep, _ = best_bucket(layers, cluster, iterations, warmup)
+    times["ddp_best"] = sweep[(bucket,)]
     times["horovod"] = simulate_baseline("horovod", layers, cluster, iterations, warmup).iter_s
     prophet_messages = _messages_per_iteration(layers, cluster, iterations, warmup)
     best_baseline = min(times["ddp_best"], times["horovod"])
@@ -66,7 +66,7 @@ def cell(layers, cluster, iterations: int) -> dict:
         "lower_bound_ms": bound * 1e3,
         "no_fusion_bound_ms": no_fusion * 1e3,
         "best_bucket": bucket,
-        "bucket_sweep_ms": {str(b): t * 1e3 for b, t in sweep.items()},
+        "bucket_sweep_ms": {str(b): t * 1e3 for (b,), t in sweep.items()},
         "iter_ms": {k: v * 1e3 for k, v in times.items()},
         "prophet_vs_best_baseline": times["prophet"] / best_baseline,
         "prophet_vs_ddp": times["prophet"] / times["ddp"],

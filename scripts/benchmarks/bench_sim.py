@@ -7,11 +7,12 @@ ByteScheduler with the default credit and with the best credit of a sweep, Proph
 paper) and reports each as a ratio to the best credit and to the lower bound. Every scale cell runs
 Prophet and every baseline at its defaults and at the best of its own sweep on the same engine:
 ByteScheduler's credit and partition together, and on all-reduce DDP's bucket and Horovod's cycle
-time and fusion threshold; it reports Prophet against each.
+time and fusion threshold, each sweep widened while its best sits at an edge (sim/sweeps.py; a cell
+lists the knobs whose best still does, ``open_edges``); it reports Prophet against each.
 
     .venv/bin/python scripts/benchmarks/bench_sim.py                 # the full grid (several minutes)
     .venv/bin/python scripts/benchmarks/bench_sim.py --quick         # resnet50 + vgg16, 8 workers
-    .venv/bin/python scripts/benchmarks/bench_sim.py --parts scale --out out/bench_scale.json \\
+    .venv/bin/python scripts/benchmarks/bench_sim.py --parts scale --out out/bench_scale.json --jobs 2 \\
         --compact-scale scripts/benchmarks/data/bench_sim_scale.json  # the scale grid (tens of minutes)
     .venv/bin/python scripts/benchmarks/bench_sim.py --parts scale --quick  # its homogeneous cells at 8, 256 workers
 """
@@ -25,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from tqdm import tqdm
@@ -36,6 +38,7 @@ from byteps_prophet.sim.simulation import SimulatedCluster, Simulation, layers_f
 from byteps_prophet.sim.baseline_runs import (BUCKET_SWEEP, CYCLE_SWEEP, FUSION_SWEEP, best_bucket, best_horovod,
                                               simulate_baseline)
 from byteps_prophet.sim.runner import CREDIT_SWEEP, PARTITION_SWEEP, best_bytescheduler, compare, variant_settings
+from byteps_prophet.sim.sweeps import WIDENINGS
 from byteps_prophet.sim.zoo import MODELS, get_model
 
 GBIT = 1e9 / 8
@@ -234,49 +237,64 @@ def scale_cell(layers, cluster, iterations: int, warmup: int) -> dict:
     """One scale cell: Prophet (default settings, fused on all-reduce) and every baseline at its
     defaults and at the best of its sweep."""
     run = lambda settings: Simulation(layers, cluster, settings, iterations, warmup).run().iter_s  # noqa: E731
-    (credit, partition), sweep = best_bytescheduler(layers, cluster, iterations=iterations, warmup=warmup)
-    default_partition = {c: t for (c, p), t in sweep.items() if p == Settings().partition}
+    (credit, partition), sweep, open_bs = best_bytescheduler(layers, cluster, iterations=iterations, warmup=warmup)
+    default_partition = {c: t for (c, p), t in sweep.items() if p == Settings().partition and c in CREDIT_SWEEP}
     ms = {"bytescheduler": run(variant_settings("bytescheduler", Settings())),
           "bytescheduler_best": min(default_partition.values()),  # the credit alone, at the default partition
           "bytescheduler_swept": sweep[(credit, partition)],
           "prophet": run(variant_settings("prophet", Settings()))}
     knobs = {"best_credit": min(default_partition, key=default_partition.get),
-             "best_credit_partition": [credit, partition]}
+             "best_credit_partition": [credit, partition],
+             "open_edges": [f"bytescheduler {axis}" for axis in open_bs]}
     if cluster.arch == "allreduce":
         ms["ddp"] = simulate_baseline("ddp", layers, cluster, iterations, warmup).iter_s
-        knobs["best_bucket"], buckets = best_bucket(layers, cluster, iterations, warmup)
-        ms["ddp_best"] = buckets[knobs["best_bucket"]]
+        (knobs["best_bucket"],), buckets, open_ddp = best_bucket(layers, cluster, iterations, warmup)
+        ms["ddp_best"] = buckets[(knobs["best_bucket"],)]
         ms["horovod"] = simulate_baseline("horovod", layers, cluster, iterations, warmup).iter_s
-        (cycle, fusion), fusions = best_horovod(layers, cluster, iterations, warmup)
+        (cycle, fusion), fusions, open_hvd = best_horovod(layers, cluster, iterations, warmup)
         ms["horovod_best"], knobs["best_horovod_cycle_fusion"] = fusions[(cycle, fusion)], [cycle, fusion]
+        knobs["open_edges"] += [f"ddp {axis}" for axis in open_ddp] + [f"horovod {axis}" for axis in open_hvd]
     ms = {k: v * 1e3 for k, v in ms.items()}
     ratios = {f"prophet_vs_{name}": ms["prophet"] / ms[name] for name in ("bytescheduler", "bytescheduler_best")
               + BEST[cluster.arch]}
     return {**knobs, "iter_ms": ms, **ratios}
 
 
+def scale_row(cell: tuple) -> dict:
+    """One scale cell's row: (model, arch, case, workers, gbit, engine, iterations, warmup)."""
+    m, arch, case, w, g, engine, iterations, warmup = cell
+    spec = get_model(m)
+    layers = layers_from(spec, compute_times(spec, spec.default_batch))
+    # as many servers as workers unless the case says otherwise (the engine was calibrated on one)
+    changes = {"servers": w if arch == "ps" else None, **SCALE_CASES[case](w)}
+    cluster = SimulatedCluster(workers=w, arch=arch, bandwidth=g * GBIT, engine=engine, **changes)
+    return {"model": m, "arch": arch, "case": case, "workers": w, "gbit": g,
+            **scale_cell(layers, cluster, iterations, warmup)}
+
+
 def scale_grid(engines: dict, iterations: int, models=("resnet50", "vgg16"), cases=tuple(SCALE_CASES),
-               workers=SCALE_WORKERS, gbits=SCALE_GBIT) -> dict:
+               workers=SCALE_WORKERS, gbits=SCALE_GBIT, jobs: int = 1) -> dict:
     """Prophet against every baseline at its best (``BEST``) at 2 to 256 workers, with the calibrated
-    engines' traits (``engines``: arch -> EngineTraits) and the scale effects of ``SCALE_CASES``."""
+    engines' traits (``engines``: arch -> EngineTraits) and the scale effects of ``SCALE_CASES``; the
+    cells in ``jobs`` processes (the simulation is deterministic: the rows do not depend on it)."""
     warmup = min(10, iterations // 3)
-    cells = [(m, arch, case, w, g) for m in models for arch in engines for case in cases
-             for w in workers for g in gbits if not (arch == "allreduce" and case == "servers_quarter")]
-    rows = []
-    for m, arch, case, w, g in tqdm(cells, desc="scale"):
-        spec = get_model(m)
-        layers = layers_from(spec, compute_times(spec, spec.default_batch))
-        # as many servers as workers unless the case says otherwise (the engine was calibrated on one)
-        changes = {"servers": w if arch == "ps" else None, **SCALE_CASES[case](w)}
-        cluster = SimulatedCluster(workers=w, arch=arch, bandwidth=g * GBIT, engine=engines[arch], **changes)
-        rows.append({"model": m, "arch": arch, "case": case, "workers": w, "gbit": g,
-                     **scale_cell(layers, cluster, iterations, warmup)})
+    cells = [(m, arch, case, w, g, engines[arch], iterations, warmup) for m in models for arch in engines
+             for case in cases for w in workers for g in gbits
+             if not (arch == "allreduce" and case == "servers_quarter")]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            rows = list(tqdm(pool.map(scale_row, cells), total=len(cells), desc="scale"))
+    else:
+        rows = [scale_row(cell) for cell in tqdm(cells, desc="scale")]
     return {"setup": {"iterations": iterations, "warmup": warmup, "engines": {a: e.to_dict() for a, e in engines.items()},
                       "cases": list(cases), "workers": list(workers), "gbit": list(gbits), "models": list(models),
                       "sweeps": {"bytescheduler_credit": list(CREDIT_SWEEP),
                                  "bytescheduler_partition": list(PARTITION_SWEEP),
                                  "ddp_bucket_bytes": list(BUCKET_SWEEP), "horovod_cycle_s": list(CYCLE_SWEEP),
-                                 "horovod_fusion_bytes": list(FUSION_SWEEP)}},
+                                 "horovod_fusion_bytes": list(FUSION_SWEEP)},
+                      "widening": f"each sweep above is the start: widened while its best sits at an edge, at "
+                                  f"most {WIDENINGS} values past each edge, never past a knob's natural limit "
+                                  f"(byteps_prophet/sim/sweeps.py)"},
             "cells": rows, "summary": summarize_scale(rows)}
 
 
@@ -318,7 +336,7 @@ def compact(result: dict) -> dict:
 
 SCALE_COLUMNS = ("bytescheduler", "bytescheduler_best", "bytescheduler_swept", "prophet", "ddp", "ddp_best", "horovod",
                  "horovod_best")
-SCALE_KNOBS = ("best_credit", "best_credit_partition", "best_bucket", "best_horovod_cycle_fusion")
+SCALE_KNOBS = ("best_credit", "best_credit_partition", "best_bucket", "best_horovod_cycle_fusion", "open_edges")
 
 
 def compact_scale(scale: dict) -> dict:
@@ -383,6 +401,7 @@ def main() -> None:
                     help="the grid: resnet50 and vgg16, 8 workers only; the scale grid: the homogeneous case at "
                          "8 and 256 workers")
     ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--jobs", type=int, default=1, help="processes the scale grid's cells run in (default 1)")
     ap.add_argument("--workers", default="2,8,32", help="comma-separated worker counts of the grid")
     ap.add_argument("--compact", metavar="JSON", help="also write a compact copy (scripts/benchmarks/data/bench_sim_results.json)")
     ap.add_argument("--compact-scale", metavar="JSON",
@@ -405,6 +424,9 @@ def main() -> None:
     bad = [p for p in parts if p not in PARTS]
     if bad:
         print(f"--parts {','.join(bad) or repr(args.parts)} is unknown; valid: {', '.join(PARTS)} or none", file=sys.stderr)
+        raise SystemExit(2)
+    if args.jobs < 1:
+        print(f"--jobs {args.jobs} is invalid; valid: a whole number of processes, 1 or more", file=sys.stderr)
         raise SystemExit(2)
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {}
@@ -441,7 +463,7 @@ def main() -> None:
         engines = {"ps": load_engine(args.engine_ps), "allreduce": load_engine(args.engine_allreduce)}
         quick = QUICK_SCALE if args.quick else {}
         started = provenance()  # the code the run starts on
-        result["scale"] = scale_grid(engines, args.iterations, **quick)
+        result["scale"] = scale_grid(engines, args.iterations, **quick, jobs=args.jobs)
         result["scale"]["setup"].update(started)
         print(json.dumps(result["scale"]["summary"], indent=1))
     out.parent.mkdir(parents=True, exist_ok=True)

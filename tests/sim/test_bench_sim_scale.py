@@ -40,3 +40,14 @@ def test_the_compact_form_leaves_the_all_reduce_baselines_out_of_a_parameter_ser
     cells = dict(zip(compact["columns"], compact["cells"][0]))
     assert cells["ddp_best_ms"] is None and cells["horovod_best_ms"] is None and cells["prophet_ms"] == 1.0
     assert compact["summary"]["ps/homogeneous"]["8"]["prophet_vs_bytescheduler_swept"]["max"] == round(1 / 1.5, 4)
+
+
+def test_the_grid_is_the_same_in_one_process_or_two_and_each_cell_lists_its_open_edges(bench):
+    engines = {"ps": EngineTraits(name="ps", stages=2), "allreduce": EngineTraits(name="ring", stages=1)}
+    small = dict(models=("alexnet",), cases=("homogeneous",), workers=(2,), gbits=(10,))
+    alone = bench.scale_grid(engines, 3, **small)
+    assert bench.scale_grid(engines, 3, **small, jobs=2)["cells"] == alone["cells"]
+    assert [(r["arch"], r["workers"]) for r in alone["cells"]] == [("ps", 2), ("allreduce", 2)]
+    for row in alone["cells"]:
+        assert set(row["open_edges"]) <= {"bytescheduler credit", "bytescheduler partition", "ddp bucket",
+                                          "horovod cycle", "horovod fusion"}

@@ -42,8 +42,8 @@ def test_a_bucket_fuses_gradients_and_fusion_pays_fewer_messages():
 def test_best_bucket_is_the_fastest_of_its_sweep():
     layers = toy_layers()
     cluster = SimulatedCluster(workers=4, arch="allreduce", bandwidth=1e9 / 8)
-    bucket, times = best_bucket(layers, cluster, iterations=6, warmup=2)
-    assert set(times) == set(BUCKET_SWEEP) and times[bucket] == min(times.values())
+    (bucket,), times, _ = best_bucket(layers, cluster, iterations=6, warmup=2)
+    assert {(b,) for b in BUCKET_SWEEP} <= set(times) and times[(bucket,)] == min(times.values())
 
 
 def test_simulate_reports_the_baselines_beside_the_schedulers(capsys):
@@ -52,9 +52,11 @@ def test_simulate_reports_the_baselines_beside_the_schedulers(capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out["results"]) == {"prophet", "prophet_paper", "ddp", "ddp_best", "horovod", "horovod_best"}
     best = out["results"]["ddp_best"]
-    assert best["bucket_bytes"] in BUCKET_SWEEP and best["iter_ms"] == min(out["bucket_sweep_ms"].values())
+    assert str(best["bucket_bytes"]) in out["bucket_sweep_ms"]
+    assert best["iter_ms"] == min(out["bucket_sweep_ms"].values())
+    assert {str(b) for b in BUCKET_SWEEP} <= set(out["bucket_sweep_ms"])
     fused = out["results"]["horovod_best"]
-    assert fused["cycle_s"] in CYCLE_SWEEP and fused["fusion_bytes"] in FUSION_SWEEP
+    assert f"{fused['cycle_s'] * 1e3:g}ms/{fused['fusion_bytes']}" in out["horovod_sweep_ms"]
     assert fused["iter_ms"] == min(out["horovod_sweep_ms"].values()) <= out["results"]["horovod"]["iter_ms"]
     assert all(r["iter_ms"] >= out["lower_bound_ms"] * 0.999 for r in out["results"].values())
 
@@ -75,8 +77,8 @@ def test_all_means_the_schedulers_and_on_all_reduce_the_baselines_and_a_bad_name
 def test_best_horovod_is_the_fastest_of_its_sweep():
     layers = toy_layers()
     cluster = SimulatedCluster(workers=4, arch="allreduce", bandwidth=1e9 / 8)
-    pair, times = best_horovod(layers, cluster, iterations=6, warmup=2)
-    assert set(times) == {(c, f) for c in CYCLE_SWEEP for f in FUSION_SWEEP} and times[pair] == min(times.values())
+    pair, times, _ = best_horovod(layers, cluster, iterations=6, warmup=2)
+    assert {(c, f) for c in CYCLE_SWEEP for f in FUSION_SWEEP} <= set(times) and times[pair] == min(times.values())
 
 
 def test_best_bytescheduler_sweeps_credit_and_partition_together():
@@ -84,8 +86,9 @@ def test_best_bytescheduler_sweeps_credit_and_partition_together():
 
     layers = toy_layers()
     cluster = SimulatedCluster(workers=4, arch="allreduce", bandwidth=1e9 / 8)
-    pair, times = best_bytescheduler(layers, cluster, iterations=6, warmup=2)
-    assert set(times) == {(c, p) for c in CREDIT_SWEEP for p in PARTITION_SWEEP} and times[pair] == min(times.values())
+    pair, times, _ = best_bytescheduler(layers, cluster, iterations=6, warmup=2)
+    assert {(c, p) for c in CREDIT_SWEEP for p in PARTITION_SWEEP} <= set(times)
+    assert times[pair] == min(times.values())
     credit_only = compare(layers, cluster, ["bytescheduler"], iterations=6, warmup=2)
     assert times[pair] <= credit_only.results["bytescheduler_best"].iter_s  # the credit sweep is among them
 
