@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = PREDICTIONS / f"{args.name}.json"
     if out.exists():
-        raise SystemExit(f"predict: {out.relative_to(ROOT)} exists; a prediction is written once, before its measurement")
+        raise SystemExit(f"predict: {os.path.relpath(out, ROOT)} exists; a prediction is written once, before its "
+                         "measurement")
     env = env_of(args.env)
     sim = simulate_argv(args)
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet", *sim], capture_output=True, text=True, cwd=ROOT,
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(doc, indent=1) + "\n")
     for v in VARIANTS:
         print(f"{v:14s} {predicted[v]['samples_per_s']:8.2f} samples/s  ({predicted[v]['step_s']:.3f} s/step)")
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {os.path.relpath(out, ROOT)}")
     return 0
 
 
