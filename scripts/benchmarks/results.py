@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from byteps_prophet.ab.stats import LEVEL, median_interval, paired_ratios  # noqa: E402
+from byteps_prophet.ab.report import LIMIT_DEFECT  # noqa: E402
 from byteps_prophet.ab.stats import verdict as stats_verdict  # noqa: E402
 
 DATA = REPO / "scripts" / "benchmarks" / "data"
@@ -42,8 +43,13 @@ class ABFile(NamedTuple):
     note: str = ""
 
 
-# One line a measurement; its table goes between <!-- results:ab-NAME:start --> and <!-- results:ab-NAME:end -->
-# in docs/RESULTS.md (NAME: table_name(path); --check names a missing pair), then --write fills it.
+# Prophet over ByteScheduler and over FIFO in the opening table, ByteScheduler over FIFO in its section
+PAIRS3 = (("prophet", "bytescheduler", True), ("prophet", "fifo", True), ("bytescheduler", "fifo", False))
+
+# One line a measurement; its table goes between <!-- results:ab-NAME:start --> and
+# <!-- results:ab-NAME:end --> in docs/RESULTS.md (NAME: table_name(path); --check names a missing pair),
+# then --write fills it. Headline pairs are measurements of today's code; the replay's recordings, taken
+# at older commits with their defaults, stay in their sections.
 AB_FILES = (
     ABFile("ab/overlap-torch-byteps-vgg-200mbit.json",
            (("prophet", "bytescheduler", False), ("prophet_overlap", "prophet", False),
@@ -54,29 +60,38 @@ AB_FILES = (
     ABFile("ab/ab-torch-byteps-vgg-200mbit-after.json", (("prophet", "bytescheduler", True),)),
     ABFile("ab/ab-torch-byteps-vgg-200mbit-before.json", (("prophet", "bytescheduler", False),),
            "before the redesign of issue 50"),
+    # the prediction's measurement; its ByteScheduler and Prophet rounds are pooled with six more below
     ABFile("ab/ab-torch-byteps-vgg-500mbit.json",
-           (("prophet", "bytescheduler", True), ("prophet", "fifo", True), ("bytescheduler", "fifo", False))),
-    ABFile("ab/ab-torch-gloo-vgg-1gbit.json", (("prophet", "bytescheduler", True),)),
+           (("prophet", "bytescheduler", False), ("prophet", "fifo", False), ("bytescheduler", "fifo", False))),
+    ABFile("ab/ab-torch-byteps-vgg-500mbit-pooled.json", PAIRS3),
+    ABFile("ab/ab-torch-byteps-vgg-1gbit.json", PAIRS3),
     ABFile("ab/ab-torch-byteps-resnet-1gbit.json",
-           (("prophet", "fifo", True), ("prophet", "bytescheduler", False), ("bytescheduler", "fifo", False))),
+           (("prophet", "fifo", True), ("prophet", "bytescheduler", True), ("bytescheduler", "fifo", False))),
+    ABFile("ab/ab-torch-gloo-vgg-1gbit.json", (("prophet", "bytescheduler", True),)),
+    ABFile("ab/ab-torch-gloo-vgg-3w-500mbit.json", PAIRS3),
     ABFile("ab/ab-mxnet-byteps-transformer-200mbit.json", (("prophet", "bytescheduler", True),)),
+    ABFile("ab/ab-mxnet-byteps-transformer-200mbit-cubic.json", (("prophet", "bytescheduler", True),)),
+    # the prediction's measurement; pooled with six more rounds below
+    ABFile("ab/ab-mxnet-byteps-resnet-500mbit.json",
+           (("prophet", "bytescheduler", False), ("prophet", "fifo", False), ("bytescheduler", "fifo", False))),
+    ABFile("ab/ab-mxnet-byteps-resnet-500mbit-pooled.json", PAIRS3),
     ABFile("ab/ab-mxnet-kvstore-transformer-300mbit.json", (("prophet", "bytescheduler", True),)),
-    ABFile("ab/ab-mxnet-kvstore-transformer-500mbit.json",
-           (("prophet", "bytescheduler", True), ("prophet", "fifo", True), ("bytescheduler", "fifo", False))),
+    ABFile("ab/ab-mxnet-kvstore-transformer-500mbit.json", PAIRS3),
+    ABFile("ab/ab-mxnet-kvstore-transformer-1gbit.json", (("prophet", "bytescheduler", True),)),
     ABFile("replay/torch_byteps_vgg_200m/measured.json",
            (("prophet", "bytescheduler", False), ("prophet", "fifo", False)), "overlap on"),
     ABFile("replay/torch_byteps_vgg_1g/measured.json",
            (("prophet", "bytescheduler", False), ("prophet", "fifo", False)), "overlap on"),
     ABFile("replay/torch_gloo_vgg_1g/measured.json",
-           (("prophet", "bytescheduler", True), ("prophet", "fifo", True)), "overlap on"),
+           (("prophet", "bytescheduler", False), ("prophet", "fifo", False)), "overlap on"),
     ABFile("replay/mxnet_byteps_transformer_200m_bbr/measured.json",
-           (("prophet", "bytescheduler", True), ("prophet", "fifo", False))),
+           (("prophet", "bytescheduler", False), ("prophet", "fifo", False))),
     ABFile("replay/mxnet_byteps_transformer_200m/measured.json",
-           (("prophet", "bytescheduler", True), ("prophet", "fifo", False))),
+           (("prophet", "bytescheduler", False), ("prophet", "fifo", False))),
     ABFile("replay/mxnet_kvstore_transformer_300m/measured.json",
-           (("prophet", "bytescheduler", True), ("prophet", "fifo", False))),
+           (("prophet", "bytescheduler", False), ("prophet", "fifo", False))),
     ABFile("replay/mxnet_kvstore_transformer_1g/measured.json",
-           (("prophet", "bytescheduler", True), ("prophet", "fifo", False))),
+           (("prophet", "bytescheduler", False), ("prophet", "fifo", False))),
 )
 
 # Predictions committed before their measurement; each names the A/B file that measures it (absent
@@ -109,6 +124,7 @@ OTHER_FILES = {
     "gloo_4w": Recorded("fusion/engine_gloo_4w.json", "70986f1",
                         "byteps-prophet calibrate --backend gloo --workers 4 --bandwidth 1gbit"),
     "stress": Recorded("stress-torch-200.json", None, None),
+    "limit": Recorded("ab/limit-torch-byteps-vgg-200mbit.json", None, None),
 }
 
 NAMES = {"fifo": "FIFO", "bytescheduler": "ByteScheduler", "bytescheduler_tuned": "ByteScheduler (tuned credit)",
@@ -438,27 +454,25 @@ def sim_scale_table() -> str:
                 rows.append([f"{case} ({arch})", name, str(len(ratios)), f"{min(ratios):.3f}-{max(ratios):.3f}",
                              f"{statistics.median(ratios):.3f}", str(slower)])
     header = ["case (arch)", "Prophet over the best of", "cells", "lowest-highest", "median", "> 2% slower"]
-    edge = _sweep_edges(d, col)
     setup = d["setup"]
     return (prose(f"`scripts/benchmarks/data/{path}`, at {setup['commit']}:") + "\n\n" + command_block(setup["command"])
-            + "\n\n" + table(header, rows) + "\n\n" + prose(
-                f"A best knob at the edge of its sweep means the baseline may do better outside it: ByteScheduler's "
-                f"partition in {edge['partition']} of {len(d['cells'])} cells, DDP's bucket in {edge['bucket']} and "
-                f"Horovod's fusion threshold in {edge['fusion']} of the all-reduce cells; Prophet's lead in those "
-                "cells may be smaller than shown."))
+            + "\n\n" + table(header, rows) + "\n\n" + prose(open_edges_sentence(d, col)))
 
 
-def _sweep_edges(d: dict, col: dict) -> dict:
-    sweeps = d["setup"]["sweeps"]
-
-    def at_edge(value, sweep):
-        return value is not None and value in (min(sweep), max(sweep))
-    cells = d["cells"]
-    return {"partition": sum(at_edge(r[col["best_credit_partition"]][1], sweeps["bytescheduler_partition"])
-                             for r in cells if r[col["best_credit_partition"]]),
-            "bucket": sum(at_edge(r[col["best_bucket"]], sweeps["ddp_bucket_bytes"]) for r in cells),
-            "fusion": sum(at_edge(r[col["best_horovod_cycle_fusion"]][1], sweeps["horovod_fusion_bytes"])
-                          for r in cells if r[col["best_horovod_cycle_fusion"]])}
+def open_edges_sentence(d: dict, col: dict) -> str:
+    """How many cells' best knobs still sit on an edge their widened sweep could have passed
+    (bench_sim.py's ``open_edges``): there the baseline may do better than shown."""
+    counts: dict[str, int] = {}
+    for r in d["cells"]:
+        for knob in r[col["open_edges"]] or []:
+            counts[knob] = counts.get(knob, 0) + 1
+    start = ("Each baseline's sweep starts from the grid in the file's setup and is widened while its best sits "
+             "at an edge (byteps_prophet/sim/sweeps.py); ")
+    if not counts:
+        return start + f"in none of the {len(d['cells'])} cells does a best knob still sit on an edge it could pass."
+    listed = ", ".join(f"{knob} in {n}" for knob, n in sorted(counts.items()))
+    return (start + f"a best knob still sits on an edge it could pass ({listed} of {len(d['cells'])} cells): "
+            "there the baseline may do better than shown, and Prophet's lead may be smaller.")
 
 
 def baselines_table() -> str:
@@ -502,13 +516,36 @@ def stress_table() -> str:
     return f"{head}\n\n{table(['scheduler', 'runs', 'matched the reference', 'engine threads'], rows)}"
 
 
+def limit_table() -> str:
+    """The A/B's limit on a run with both bounds measured: each bound, the limit (the lower), every
+    variant's share of it, and any ``limit defect`` the tool reported (a variant above a bound)."""
+    path = OTHER_FILES["limit"].path
+    m = ab_measurement(path)
+    body = load(path)["ab"]
+    bound, results = body["limit"], body["results"]
+    rows = [["compute alone (compute_only, median)", f"{bound['compute_samples_per_s']:.2f}", "bound"],
+            ["busiest link's bytes at the shaped rate", f"{bound['link_samples_per_s']:.2f}", "bound"],
+            ["**the limit** (the lower)", f"{bound['samples_per_s']:.2f}", ""]]
+    for name, res in results.items():
+        if name == "compute_only":
+            continue
+        share = res["samples_per_s"] / bound["samples_per_s"]
+        rows.append([NAMES.get(name, name), f"{res['samples_per_s']:.2f}",
+                     "reference, no bound" if name == "comm_only" else f"{share:.0%} of the limit"])
+    defects = [w for w in body.get("warnings", []) if w.startswith(LIMIT_DEFECT)]
+    tail = ("Defects the tool reported: " + "; ".join(defects)) if defects else "No variant above the limit."
+    return (prose(f"`scripts/benchmarks/data/{path}`:") + "\n" + measurement_head(m) + "\n\n"
+            + table(["", "samples/s", ""], rows) + "\n\n" + prose(tail))
+
+
 def tables() -> dict[str, tuple[tuple[Path, ...], str]]:
     """Every generated table: name -> (the documents that hold it, Markdown)."""
     out = {"summary": ((RESULTS,), summary_table()), "readme": ((README,), readme_table()),
            "sim-headline": ((README, RESULTS), sim_headline()),
            "replay": ((RESULTS,), replay_table()), "sim-grid": ((RESULTS,), sim_grid_table()),
            "sim-scale": ((RESULTS,), sim_scale_table()), "baselines": ((RESULTS,), baselines_table()),
-           "engines": ((RESULTS,), engines_table()), "stress": ((RESULTS,), stress_table())}
+           "engines": ((RESULTS,), engines_table()), "stress": ((RESULTS,), stress_table()),
+           "limit": ((RESULTS,), limit_table())}
     for f in AB_FILES:
         out[f"ab-{table_name(f.path)}"] = ((RESULTS,), ab_table(f.path))
     for path in PREDICTIONS:
