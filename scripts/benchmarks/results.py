@@ -23,7 +23,7 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from byteps_prophet.ab.stats import LEVEL, median_interval, paired_ratios  # noqa: E402
+from byteps_prophet.ab.stats import paired_ratios, speedup  # noqa: E402
 from byteps_prophet.ab.report import LIMIT_DEFECT  # noqa: E402
 from byteps_prophet.ab.stats import verdict as stats_verdict  # noqa: E402
 
@@ -156,17 +156,16 @@ def ab_measurement(path: str) -> dict:
 
 # -- the words of an interval ---------------------------------------------------------------------------
 def pair_summary(runs: list[dict], a: str, b: str) -> dict:
-    ratios = paired_ratios(runs, a, b)
-    low, high, confidence = median_interval(ratios)
-    return {"median": statistics.median(ratios), "low": low, "high": high, "confidence": confidence,
-            "rounds": len(ratios)}
+    """The A/B's own summary of the pair ``a``/``b`` (``ab.stats.speedup``), from the rounds."""
+    return speedup(paired_ratios(runs, a, b),
+                   statistics.median(variant_rates(runs, a)) / statistics.median(variant_rates(runs, b)))
 
 
 def word(s: dict) -> str:
     """What the pair may be called, by ab/stats.py's rule: win / loss only where its 95% interval lies
     above / below 1, level within 1 +- LEVEL_BAND, otherwise (and always with fewer than 6 rounds) not
     settled."""
-    return stats_verdict(s["low"], s["high"], s["confidence"])
+    return stats_verdict(**s["interval"])
 
 
 def verdict(s: dict) -> str:
@@ -176,7 +175,7 @@ def verdict(s: dict) -> str:
 
 def interval_text(s: dict) -> str:
     """The 95% interval of the median, or with fewer rounds their range (INTERVAL says which)."""
-    return f"{s['low']:.3f}-{s['high']:.3f}"
+    return f"{s['interval']['low']:.3f}-{s['interval']['high']:.3f}"
 
 
 INTERVAL = "95% interval, or range (< 6 rounds)"
