@@ -16,7 +16,6 @@ Variants, keyed as ``simulate --json`` reports them:
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 from byteps_prophet.core import Settings
@@ -57,10 +56,6 @@ def simulate_baseline(name: str, layers: Sequence[Layer], cluster: SimulatedClus
     return simulation.run()
 
 
-def model_bytes(layers: Sequence[Layer]) -> int:
-    return sum(math.prod(layer.shape) * layer.itemsize for layer in layers)
-
-
 def best_bucket(layers: Sequence[Layer], cluster: SimulatedCluster, iterations: int = 30, warmup: int = 10,
                 sweep: Sequence[int] = BUCKET_SWEEP, synchronised: bool = False) -> Sweep:
     """DDP's fastest bucket: ``sweep`` widened while the best sits at its edge (sim/sweeps.py), up to
@@ -68,7 +63,7 @@ def best_bucket(layers: Sequence[Layer], cluster: SimulatedCluster, iterations: 
     def time_of(bucket: int) -> float:
         return simulate_baseline("ddp", layers, cluster, iterations, warmup, synchronised=synchronised,
                                  bucket_bytes=bucket).iter_s
-    return widened_sweep(time_of, [Axis("bucket", tuple(sweep), lowest=1, highest=model_bytes(layers))])
+    return widened_sweep(time_of, [Axis("bucket", tuple(sweep), lowest=1, highest=sum(layer.nbytes for layer in layers))])
 
 
 def best_horovod(layers: Sequence[Layer], cluster: SimulatedCluster, iterations: int = 30, warmup: int = 10,
@@ -80,4 +75,4 @@ def best_horovod(layers: Sequence[Layer], cluster: SimulatedCluster, iterations:
         return simulate_baseline("horovod", layers, cluster, iterations, warmup, synchronised=synchronised,
                                  cycle_s=cycle, fusion_bytes=fusion).iter_s
     return widened_sweep(time_of, [Axis("cycle", tuple(cycles)),
-                                   Axis("fusion", tuple(fusions), highest=model_bytes(layers))])
+                                   Axis("fusion", tuple(fusions), highest=sum(layer.nbytes for layer in layers))])

@@ -141,7 +141,7 @@ def best_bytescheduler(layers: Sequence[Layer], cluster: SimulatedCluster, base:
     sits at an edge (sim/sweeps.py), the credit up to the whole model, the partition up to the largest
     tensor (past either, nothing changes)."""
     settings = variant_settings("bytescheduler", base)
-    sizes = [math.prod(layer.shape) for layer in layers]
+    sizes = [layer.elements for layer in layers]
 
     def time_of(credit: int, partition: int) -> float:
         return simulate(layers, cluster, settings.replace(credit=credit, partition=partition), iterations, warmup,

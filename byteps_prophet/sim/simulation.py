@@ -44,6 +44,14 @@ class Layer:
     itemsize: int = 4
     recorded: tuple[tuple[float, float], ...] = ()  # (fwd_s, bwd_s) of each recorded iteration
 
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * self.itemsize
+
     def times(self, iteration: int) -> tuple[float, float]:
         """(forward, backward) seconds in ``iteration``: the recorded iterations in turn where a profile
         recorded them, else ``fwd_s`` and ``bwd_s`` (the medians, or the cost model's)."""
@@ -482,10 +490,10 @@ def lower_bound_s(layers: Sequence[Layer], cluster: SimulatedCluster) -> float:
     partitions, so the bound charges the least time any cut can take (``sync_time``)."""
     sim = Simulation(layers, cluster, Settings())
     compute = sum(layer.fwd_s + layer.bwd_s for layer in layers)
-    total_bytes = sum(math.prod(layer.shape) * layer.itemsize for layer in layers)
+    total_bytes = sum(layer.nbytes for layer in layers)
     bandwidth = cluster.bandwidth
     comm = sim.network.comm_time(total_bytes, bandwidth)
-    first = math.prod(layers[0].shape) * layers[0].itemsize
+    first = layers[0].nbytes
     return max(compute, comm, compute + sim.network.sync_time(first, bandwidth))
 
 
