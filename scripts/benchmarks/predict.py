@@ -28,6 +28,9 @@ sys.path.insert(0, str(HERE))
 
 from bench_replay import OUT as REPLAY, ROOT, git_commit, link_args  # noqa: E402
 
+from byteps_prophet.cluster.cli import parse_env  # noqa: E402
+from byteps_prophet.errors import ConfigError  # noqa: E402
+
 PREDICTIONS = HERE / "data" / "predictions"
 VARIANTS = ("fifo", "bytescheduler", "prophet")
 TARGET = 0.10
@@ -62,23 +65,16 @@ def simulate_argv(args: argparse.Namespace) -> list[str]:
             "--json"]
 
 
-def env_of(pairs: list[str]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"predict: --env {pair!r} is malformed; valid: NAME=VALUE")
-        env[name] = value
-    return env
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = PREDICTIONS / f"{args.name}.json"
     if out.exists():
         raise SystemExit(f"predict: {os.path.relpath(out, ROOT)} exists; a prediction is written once, before its "
                          "measurement")
-    env = env_of(args.env)
+    try:
+        env = parse_env(args.env)
+    except ConfigError as err:
+        raise SystemExit(f"predict: {err}") from None
     sim = simulate_argv(args)
     proc = subprocess.run([sys.executable, "-m", "byteps_prophet", *sim], capture_output=True, text=True, cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=str(ROOT), **env))

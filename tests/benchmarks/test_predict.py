@@ -37,6 +37,6 @@ def test_a_prediction_holds_each_scheduler_its_order_its_command_and_where_it_wi
 
 def test_a_malformed_setting_is_one_line_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(predict, "PREDICTIONS", tmp_path)
-    with pytest.raises(SystemExit, match="--env 'ATOMS' is malformed; valid: NAME=VALUE"):
+    with pytest.raises(SystemExit, match="predict: --env 'ATOMS' must be KEY=VALUE"):
         predict.main([*argv(), "--env", "ATOMS"])
     assert not (tmp_path / "toy.json").exists()
